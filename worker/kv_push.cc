@@ -17,6 +17,10 @@ namespace loom::worker {
 
 KvPusher::~KvPusher() {
   if (observing_) backend_.SetHalfLayerObserver({});
+  const model::KvCache* pool = backend_.kv_pool();
+  for (const auto& [key, mapping] : registered_) {
+    if (pool != nullptr) pool->UnregisterHostMemory(mapping->writable_data());
+  }
 }
 
 void KvStagingDeleter::operator()(uint8_t* bytes) const {
@@ -241,6 +245,8 @@ absl::Status KvPusher::CopyBlocks() {
   }
   const size_t batch = static_cast<size_t>(std::max<int64_t>(1, max_staging_bytes_ / block_bytes));
   for (const Push& push : pushes_) {
+    LOOM_ASSIGN_OR_RETURN(const bool direct, CopyBlocksDirect(push));
+    if (direct) continue;
     for (size_t first = 0; first < push.blocks.size(); first += batch) {
       const size_t count = std::min(batch, push.blocks.size() - first);
       LOOM_ASSIGN_OR_RETURN(uint8_t * staging, Staging(static_cast<int64_t>(count) * block_bytes));
@@ -258,6 +264,50 @@ absl::Status KvPusher::CopyBlocks() {
   }
   layers_copied_ = num_layers;
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> KvPusher::CopyBlocksDirect(const Push& push) {
+  const model::KvCache& pool = *backend_.kv_pool();
+  const KvSlotLayout& mine = tier_->layout();
+  if (push.dests.size() != 1) return false;
+  const Destination& dest = push.dests.front();
+  if (dest.mapping == nullptr || dest.mapping->writable_data() == nullptr ||
+      dest.layout.kv_head_begin != mine.kv_head_begin ||
+      dest.layout.num_kv_heads != mine.num_kv_heads ||
+      dest.layout.slot_bytes() != pool.block_bytes()) {
+    return false;
+  }
+  if (abandoned_ && abandoned_()) {
+    return absl::AbortedError("the coordinator gave this step up: no more KV is pushed");
+  }
+  // Mappings that SharedKvMappings let go (their worker exited, or 16 others since) held only
+  // here: unregistered and dropped, so a dead decode worker's memory is not kept.
+  for (auto it = registered_.begin(); it != registered_.end();) {
+    if (it->second.use_count() > 1 || it->second == dest.mapping) {
+      ++it;
+      continue;
+    }
+    pool.UnregisterHostMemory(it->second->writable_data());
+    it = registered_.erase(it);
+  }
+  const SharedKvMapping* key = dest.mapping.get();
+  if (!registered_.contains(key) && !unregistrable_.contains(key)) {
+    // Pinned here too, the tier's pages take DMA straight from the device; a mapping the
+    // pool cannot register is still written, the driver staging the copies.
+    if (pool.RegisterHostMemory(dest.mapping->writable_data(), dest.mapping->size()).ok()) {
+      registered_[key] = dest.mapping;
+    } else {
+      unregistrable_.insert(key);
+    }
+  }
+  const int64_t slot_bytes = dest.layout.slot_bytes();
+  std::vector<uint8_t*> slots;
+  for (const int32_t slot : push.dest_slots) {
+    slots.push_back(dest.mapping->writable_data() + static_cast<int64_t>(slot) * slot_bytes);
+  }
+  LOOM_RETURN_IF_ERROR(pool.SaveBlocks(push.blocks, slots));
+  bytes_pushed_ += static_cast<int64_t>(push.blocks.size()) * slot_bytes;
+  return true;
 }
 
 void KvPusher::End(loom::v1::StepResult& result) {

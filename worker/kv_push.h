@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,10 @@ struct KvStagingDeleter {
 /// after the forward pass wrote it (the backend's half-layer observer), so the hand-off's
 /// KV has arrived when the step that samples the first token ends. A backend without the
 /// observer (CUDA: a captured graph cannot stop between layers) has its blocks copied
-/// whole once the forward pass succeeded, in batches through a bounded staging buffer
-/// (pinned where the pool is device memory), before the step's result goes back: the same
-/// guarantee, without the overlap. A decode tier that is a memory file of this machine
+/// whole once the forward pass succeeded, before the step's result goes back: the same
+/// guarantee, without the overlap; straight into a mapped decode tier that holds this
+/// worker's heads (the mapping pinned for the pool once), else in batches through a bounded
+/// staging buffer (pinned where the pool is device memory). A decode tier that is a memory file of this machine
 /// (RegisterRequest.host_kv_shared) is mapped writable here and written directly; one that
 /// cannot be mapped (another machine or container) is written over TCP, one WriteKvBlocks
 /// stream per decode rank and step (worker/kv_push_stream), whose bytes travel while the
@@ -87,6 +89,11 @@ class KvPusher {
   void CopyLayer(int64_t layer);
   // Every layer of every block of every push, once the forward pass ran (no observer).
   absl::Status CopyBlocks();
+  // CopyBlocks' way for a push whose one destination is a mapped tier holding this worker's
+  // heads: the pool's SaveBlocks straight into its slots (one copy, DMA where the mapping could
+  // be registered with the pool), instead of through the staging buffer. False when the push
+  // is not such.
+  absl::StatusOr<bool> CopyBlocksDirect(const Push& push);
   // `bytes`, layer `layer` of push.blocks[i] as a slot lays it out, into its destinations.
   absl::Status Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes);
   // Waits for every stream to have delivered its bytes (the first failure).
@@ -102,6 +109,10 @@ class KvPusher {
   std::vector<uint8_t> stream_bytes_;  // the heads of it a stream's rank holds
   std::map<std::string, std::shared_ptr<KvPushStream>> streams_;  // this step's, by address
   std::unique_ptr<uint8_t, KvStagingDeleter> staging_;  // whole blocks (CopyBlocks)
+  // Decode tiers mapped here that CopyBlocksDirect registered with the pool (pinned for DMA),
+  // held until this pusher goes (then unregistered), and those the pool refused.
+  std::map<const SharedKvMapping*, std::shared_ptr<const SharedKvMapping>> registered_;
+  std::set<const SharedKvMapping*> unregistrable_;
   int64_t staging_bytes_ = 0;
   int64_t half_layers_ = 0;    // observer calls in this step
   int64_t layers_copied_ = 0;  // layers every push has written
