@@ -231,9 +231,11 @@ __device__ __forceinline__ void CpAsync16(void* shared, const void* global, bool
 }
 
 /// 16 bytes global -> registers, read once: not kept in L1 (the weights stream past it).
+/// Volatile: never executed where the caller's condition says the address is not valid (an
+/// asm without side effects may be speculated out of a branch).
 __device__ __forceinline__ uint4 LoadStreaming16(const void* global) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(global));
   return v;
