@@ -484,12 +484,6 @@ absl::StatusOr<size_t> SelectDevice(const CudaForwardPassOptions& options) {
   return free_bytes;
 }
 
-// Whether an FP8 checkpoint's layers run the FP8 GEMM: on a device (the current one) with FP8
-// tensor cores.
-bool UsesFp8Checkpoint(const CudaForwardPassOptions& options) {
-  return options.fp8_checkpoint && kc::Fp8GemmSupported();
-}
-
 absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
     const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"));
@@ -499,7 +493,8 @@ absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
   device_options.kv_quant = options.kv_quant;
   device_options.keep_quantized = options.quantized_weights;
   device_options.fp8_weights = options.fp8_weights;
-  device_options.fp8_checkpoint = UsesFp8Checkpoint(options);
+  // An FP8 checkpoint's layers on the FP8 GEMM where this device has FP8 tensor cores.
+  device_options.fp8_checkpoint = options.fp8_checkpoint && kc::Fp8GemmSupported();
   device_options.communicator = options.communicator;
   return model::CudaDevice::Create(device_options);
 }
@@ -556,7 +551,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
                           "  layer matrices quantized to FP8 E4M3 (a scale per output channel) "
                           "for the FP8 GEMM; the embedding / LM head and routers as %s\n",
                           kc::DataTypeName(options.dtype));
-  } else if (UsesFp8Checkpoint(options)) {
+  } else if (cuda->fp8_linears() > 0) {
     absl::StrAppendFormat(&load_log,
                           "  %d of %d layer matrices as the FP8 checkpoint stores them (its E4M3 "
                           "codes and scales) for the FP8 GEMM, the rest (and the embedding / LM "
