@@ -43,6 +43,7 @@ struct SampleArgs {
   float* workspace;  // [num_rows, vocab] when penalty_indptr is set
   int32_t* tokens;
   float* logprobs;
+  float* probs;  // [num_rows, vocab] or null
 };
 
 struct SharedState {
@@ -215,9 +216,10 @@ __device__ void RadixSelect(int n, Element element, uint64_t target, SharedState
   id_out = id >= 0 ? id : n - 1;
 }
 
-// Steps 4 and 5 for a row with temperature > 0 and a finite max: the sampled id, or -1.
+// Steps 4 and 5 for a row with temperature > 0 and a finite max: the sampled id, or -1 (then
+// `probs` is not written). `probs` (null: not wanted): the kept weights over their total.
 __device__ int SampleFiltered(const float* values, int vocab, const SamplingRowParams& params,
-                              float max_value, SharedState& shared) {
+                              float max_value, SharedState& shared, float* probs) {
   const float inverse_temperature = kLog2e / params.temperature;
   const float min_p = params.min_p;
   // Weight relative to the max, in [0, 1] (1 exactly at the max, even for a tiny T).
@@ -277,6 +279,12 @@ __device__ int SampleFiltered(const float* values, int vocab, const SamplingRowP
   for (int i = threadIdx.x; i < vocab; i += kThreads) local += kept_weight(i);
   const uint64_t total = BlockSum64(local, shared);
   if (total == 0) return -1;
+  if (probs != nullptr) {
+    const double inverse_total = 1.0 / static_cast<double>(total);
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      probs[i] = static_cast<float>(static_cast<double>(kept_weight(i)) * inverse_total);
+    }
+  }
   const uint64_t draw = __umul64hi(internal::SamplingBits(params.seed, params.step), total);
   return FindOrdered(vocab, kept_weight, draw, shared);
 }
@@ -345,9 +353,15 @@ __global__ void __launch_bounds__(kThreads) SampleTokensKernel(SampleArgs args) 
 
   int token = best_index < 0 ? 0 : best_index;
   const bool greedy = !(params.temperature > 0.0f) || params.top_k == 1 || !isfinite(best);
+  float* probs = args.probs != nullptr ? args.probs + static_cast<int64_t>(row) * vocab : nullptr;
+  int sampled = -1;
   if (!greedy) {
-    const int sampled = SampleFiltered(values, vocab, params, best, shared);
+    sampled = SampleFiltered(values, vocab, params, best, shared, probs);
     if (sampled >= 0) token = sampled;
+  }
+  if (probs != nullptr && sampled < 0) {
+    // Greedy, or no weight kept: all of it on the argmax (the token chosen).
+    for (int i = threadIdx.x; i < vocab; i += kThreads) probs[i] = i == token ? 1.0f : 0.0f;
   }
   if (threadIdx.x == 0) {
     args.tokens[row] = token;
@@ -371,6 +385,7 @@ absl::Status LaunchSampleTokens(const SampleTokensParams& p, cudaStream_t stream
   args.workspace = p.workspace;
   args.tokens = p.tokens;
   args.logprobs = p.logprobs;
+  args.probs = p.probs;
   SampleTokensKernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(args);
   return internal::CheckLaunch("SampleTokens");
 }

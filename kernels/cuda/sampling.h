@@ -75,6 +75,11 @@ struct SampleTokensParams {
   size_t workspace_bytes = 0;
   int32_t* tokens = nullptr;  // [num_rows], device: the chosen ids
   float* logprobs = nullptr;  // [num_rows], device: their raw log-softmax; null: not wanted
+  /// [num_rows, vocab_size], device, or null: each row's distribution the token is drawn from,
+  /// as worker::SequenceSampler::Distribution gives it (speculative decoding's target p):
+  /// the kept weights over their total (F32 of the fixed-point quotient), 0 for the others;
+  /// a one-hot at the argmax for a greedy row or one whose filters keep no weight.
+  float* probs = nullptr;
 };
 
 /// Workspace bytes a launch with these params needs: the penalized logits

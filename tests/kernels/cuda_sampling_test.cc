@@ -228,8 +228,10 @@ struct Batch {
   std::vector<PenaltyList> penalties;  // empty: no penalty arrays at all
 };
 
-// Runs the kernel; tokens and logprobs come back from NaN / 0xff-poisoned buffers.
-void RunOnGpu(const Batch& batch, std::vector<int32_t>* tokens, std::vector<float>* logprobs) {
+// Runs the kernel; tokens and logprobs (and, when asked, the rows' distributions) come back from
+// NaN / 0xff-poisoned buffers.
+void RunOnGpu(const Batch& batch, std::vector<int32_t>* tokens, std::vector<float>* logprobs,
+              std::vector<float>* probs = nullptr) {
   const int64_t num_rows = static_cast<int64_t>(batch.rows.size());
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_logits, testing_util::UploadRaw(batch.logits));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_rows, testing_util::UploadRaw(batch.rows));
@@ -244,6 +246,12 @@ void RunOnGpu(const Batch& batch, std::vector<int32_t>* tokens, std::vector<floa
   p.rows = static_cast<const SamplingRowParams*>(d_rows.data());
   p.tokens = static_cast<int32_t*>(d_tokens.data());
   p.logprobs = static_cast<float*>(d_logprobs.data());
+  DeviceBuffer d_probs;
+  if (probs != nullptr) {
+    LOOM_ASSERT_OK_AND_ASSIGN(d_probs,
+                              testing_util::Poisoned(DataType::kF32, num_rows * batch.vocab));
+    p.probs = static_cast<float*>(d_probs.data());
+  }
   DeviceBuffer d_indptr, d_penalty_tokens, d_counts, workspace;
   if (!batch.penalties.empty()) {
     std::vector<int32_t> indptr{0}, penalty_tokens, counts;
@@ -271,6 +279,10 @@ void RunOnGpu(const Batch& batch, std::vector<int32_t>* tokens, std::vector<floa
   ASSERT_TRUE(d_tokens.CopyToHost(tokens->data(), num_rows * sizeof(int32_t)).ok());
   LOOM_ASSERT_OK_AND_ASSIGN(*logprobs,
                             testing_util::Download(d_logprobs, DataType::kF32, num_rows));
+  if (probs != nullptr) {
+    LOOM_ASSERT_OK_AND_ASSIGN(
+        *probs, testing_util::Download(d_probs, DataType::kF32, num_rows * batch.vocab));
+  }
   for (int64_t r = 0; r < num_rows; ++r) {
     ASSERT_GE((*tokens)[r], 0) << "row " << r;
     ASSERT_LT((*tokens)[r], batch.vocab) << "row " << r;
@@ -514,6 +526,68 @@ TEST(CudaSamplingTest, EmpiricalFrequenciesMatchTheFilteredSoftmax) {
     // draw landing within F32 rounding (exp2f on host vs device) of a boundary.
     EXPECT_LE(mismatched_draws, kDraws / 1000) << mismatched_draws << " of " << kDraws;
   }
+}
+
+// The rows' distributions (speculative decoding's target p): each filter's kept set with the CPU
+// sampler's probabilities (F32 weights against its doubles), zeros elsewhere, penalties
+// applied; a greedy row and a top-k 1 row one-hot at the argmax; a 151,936-token row under
+// top-p sums to 1.
+TEST(CudaSamplingTest, DistributionsMatchTheCpuSamplersFilteredSoftmax) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<float> logits = SmallLogits();
+  Batch batch;
+  batch.vocab = kSmallVocab;
+  const std::vector<DistributionCase> cases = DistributionCases();
+  for (const DistributionCase& c : cases) {
+    batch.logits.insert(batch.logits.end(), logits.begin(), logits.end());
+    batch.rows.push_back(c.params);
+    batch.penalties.push_back(c.with_penalties ? kSmallPenalties : PenaltyList{});
+  }
+  SamplingRowParams top1 = cases[0].params;
+  top1.top_k = 1;
+  for (const SamplingRowParams& one_hot : {Greedy(), top1}) {
+    batch.logits.insert(batch.logits.end(), logits.begin(), logits.end());
+    batch.rows.push_back(one_hot);
+    batch.penalties.push_back({});
+  }
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs, probs;
+  ASSERT_NO_FATAL_FAILURE(RunOnGpu(batch, &tokens, &logprobs, &probs));
+  for (size_t r = 0; r < cases.size(); ++r) {
+    SCOPED_TRACE(testing::Message() << "seed " << cases[r].params.seed);
+    ASSERT_GT(cases[r].expected.margin, 1e-3) << "inputs too close to a filter threshold";
+    std::vector<double> expected(kSmallVocab, 0.0);
+    for (size_t i = 0; i < cases[r].expected.ids.size(); ++i) {
+      expected[cases[r].expected.ids[i]] = cases[r].expected.probabilities[i];
+    }
+    for (int64_t id = 0; id < kSmallVocab; ++id) {
+      const float got = probs[r * kSmallVocab + id];
+      if (expected[id] == 0.0) {
+        EXPECT_EQ(got, 0.0f) << "token " << id << " was filtered out";
+      } else {
+        EXPECT_NEAR(got, expected[id], 1e-5 * expected[id] + 1e-7) << "token " << id;
+      }
+    }
+  }
+  const int32_t argmax = CpuArgmax(logits.data(), kSmallVocab);
+  for (size_t r = cases.size(); r < batch.rows.size(); ++r) {
+    for (int64_t id = 0; id < kSmallVocab; ++id) {
+      EXPECT_EQ(probs[r * kSmallVocab + id], id == argmax ? 1.0f : 0.0f) << "row " << r;
+    }
+  }
+
+  Batch large;
+  large.vocab = 151936;
+  large.logits = testing_util::RandomFloats(large.vocab, 78, -8, 8);
+  SamplingRowParams nucleus;
+  nucleus.temperature = 0.8f;
+  nucleus.top_p = 0.9f;
+  large.rows.push_back(nucleus);
+  ASSERT_NO_FATAL_FAILURE(RunOnGpu(large, &tokens, &logprobs, &probs));
+  double sum = 0;
+  for (float p : probs) sum += p;
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+  EXPECT_GT(probs[tokens[0]], 0.0f) << "the drawn token is outside the distribution";
 }
 
 TEST(CudaSamplingTest, LargeVocabularySamplesFromTheKeptSetAsDocumented) {
