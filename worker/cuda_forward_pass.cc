@@ -21,7 +21,6 @@
 #include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/quantized_gemm.h"
-#include "kernels/cuda/sampling.h"
 #include "model/cuda_device.h"
 #include "model/cuda_graph_cache.h"
 #include "model/cuda_model_checks.h"
@@ -29,6 +28,7 @@
 #include "model/llama_graph.h"
 #include "model/model_weights.h"
 #include "model/tensor_parallel.h"
+#include "worker/cuda_step_sampler.h"
 #endif
 
 namespace loom::worker {
@@ -109,7 +109,6 @@ absl::Status CudaForwardPass::ResizeKvPool(int64_t) {
 namespace {
 
 using kc::DataType;
-using kc::DeviceBuffer;
 
 // Decode-step buckets and their graphs: model/cuda_graph_cache.
 using model::ContextBucket;
@@ -117,14 +116,6 @@ using model::GraphBatchBucket;
 using model::kMaxGraphBatch;
 
 using model::CudaStatus;
-
-// Grows `buffer` to at least `bytes` (a fresh allocation; the contents are not kept).
-absl::Status Reserve(DeviceBuffer& buffer, size_t bytes) {
-  if (buffer.data() != nullptr && buffer.bytes() >= bytes) return absl::OkStatus();
-  buffer = DeviceBuffer();
-  LOOM_ASSIGN_OR_RETURN(buffer, DeviceBuffer::Allocate(std::max<size_t>(bytes, 256)));
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -148,13 +139,8 @@ struct CudaForwardPass::State {
   // it changes the device's memory generation (graphs write it).
   std::unique_ptr<model::Buffer> logits;
   int64_t logits_rows = 0;
-  // Device sampling (StepAndSample): per-row parameters, the penalty CSR, the penalized
-  // logits' workspace and the picked tokens / logprobs, grown as steps need (no graph
-  // reads them).
-  DeviceBuffer sample_params;
-  DeviceBuffer penalty_indptr, penalty_tokens, penalty_counts;
-  DeviceBuffer sample_workspace;
-  DeviceBuffer sampled_tokens, sampled_logprobs;
+  // Device sampling (StepAndSample), its buffers grown as steps need (no graph reads them).
+  CudaStepSampler step_sampler;
 
   // Decode graphs by (batch bucket, context bucket) on `device`, and how steps ran;
   // created by Finish (CudaForwardPassOptions::debug_fail_graph_captures goes to it).
@@ -225,70 +211,6 @@ struct CudaForwardPass::State {
     return absl::OkStatus();
   }
 
-  // Copies `count` elements of `host` into `buffer` (grown to fit) on the stream.
-  template <typename T>
-  absl::Status Upload(DeviceBuffer& buffer, const T* host, size_t count) {
-    if (count == 0) return absl::OkStatus();
-    LOOM_RETURN_IF_ERROR(Reserve(buffer, count * sizeof(T)));
-    LOOM_CUDA_CALL(cudaMemcpyAsync(buffer.data(), host, count * sizeof(T), cudaMemcpyHostToDevice,
-                                   device->stream()));
-    return absl::OkStatus();
-  }
-
-  // Enqueues the device sampler over the first rows.params.size() rows of the logits and
-  // the copies of the picked tokens and logprobs into the outputs.
-  absl::Status EnqueueSampling(const DeviceSampleRows& rows, std::vector<int32_t>& tokens,
-                               std::vector<float>& logprobs) {
-    const int64_t num_rows = static_cast<int64_t>(rows.params.size());
-    tokens.resize(num_rows);
-    logprobs.resize(num_rows);
-    if (num_rows == 0) return absl::OkStatus();
-    cudaStream_t stream = device->stream();
-    std::vector<kc::SamplingRowParams> params(num_rows);
-    for (int64_t i = 0; i < num_rows; ++i) {
-      const SamplingParams& p = rows.params[i];
-      params[i].temperature = p.temperature;
-      params[i].top_k = p.top_k;
-      params[i].top_p = p.top_p;
-      params[i].min_p = p.min_p;
-      params[i].repetition_penalty = p.repetition_penalty;
-      params[i].presence_penalty = p.presence_penalty;
-      params[i].frequency_penalty = p.frequency_penalty;
-      params[i].seed = p.seed;
-      params[i].step = static_cast<uint64_t>(rows.positions[i]);
-    }
-    LOOM_RETURN_IF_ERROR(Upload(sample_params, params.data(), params.size()));
-    kc::SampleTokensParams p;
-    p.logits = static_cast<const float*>(logits->data());
-    p.num_rows = num_rows;
-    p.vocab_size = config.vocab_size;
-    p.rows = static_cast<const kc::SamplingRowParams*>(sample_params.data());
-    if (!rows.penalty_tokens.empty()) {
-      LOOM_RETURN_IF_ERROR(
-          Upload(penalty_indptr, rows.penalty_indptr.data(), rows.penalty_indptr.size()));
-      LOOM_RETURN_IF_ERROR(
-          Upload(penalty_tokens, rows.penalty_tokens.data(), rows.penalty_tokens.size()));
-      LOOM_RETURN_IF_ERROR(
-          Upload(penalty_counts, rows.penalty_counts.data(), rows.penalty_counts.size()));
-      p.penalty_indptr = static_cast<const int32_t*>(penalty_indptr.data());
-      p.penalty_tokens = static_cast<const int32_t*>(penalty_tokens.data());
-      p.penalty_counts = static_cast<const int32_t*>(penalty_counts.data());
-      LOOM_RETURN_IF_ERROR(Reserve(sample_workspace, kc::SampleTokensWorkspaceBytes(p)));
-      p.workspace = static_cast<float*>(sample_workspace.data());
-      p.workspace_bytes = sample_workspace.bytes();
-    }
-    LOOM_RETURN_IF_ERROR(Reserve(sampled_tokens, num_rows * sizeof(int32_t)));
-    LOOM_RETURN_IF_ERROR(Reserve(sampled_logprobs, num_rows * sizeof(float)));
-    p.tokens = static_cast<int32_t*>(sampled_tokens.data());
-    p.logprobs = static_cast<float*>(sampled_logprobs.data());
-    LOOM_RETURN_IF_ERROR(kc::LaunchSampleTokens(p, stream));
-    LOOM_CUDA_CALL(cudaMemcpyAsync(tokens.data(), sampled_tokens.data(), num_rows * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream));
-    LOOM_CUDA_CALL(cudaMemcpyAsync(logprobs.data(), sampled_logprobs.data(),
-                                   num_rows * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    return absl::OkStatus();
-  }
-
   // One step: the forward pass, then either the sample rows' logits copied out or (with
   // `sampling`) their tokens picked on the device and only those copied out.
   absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits_out,
@@ -338,7 +260,9 @@ struct CudaForwardPass::State {
       if (!graph->shard().last_stage()) {
         logits_out.clear();  // the residual stream went on to the next stage
       } else if (sampling != nullptr) {
-        status = EnqueueSampling(*sampling, *sampled, *sampled_logprob);
+        status =
+            step_sampler.Enqueue(*sampling, static_cast<const float*>(logits->data()),
+                                 config.vocab_size, device->stream(), *sampled, *sampled_logprob);
         // The rows the host samples: their raw logits (the sampler penalized a copy).
         const size_t vocab = static_cast<size_t>(config.vocab_size);
         logits_out.resize(sampling->logits_rows.size() * vocab);
@@ -369,6 +293,9 @@ struct CudaForwardPass::State {
                  ? drained
                  : absl::InternalError(absl::StrCat(
                        drained.message(), " (after a failed step: ", status.message(), ")"));
+    }
+    if (status.ok() && sampling != nullptr && graph->shard().last_stage()) {
+      status = step_sampler.Finish(*sampling, *sampled);
     }
     return status;
   }
@@ -748,6 +675,17 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
   s.received = s.sent = false;
   const absl::Status status = Guarded(batch, [&]() -> absl::Status {
     LOOM_RETURN_IF_ERROR(ValidateDeviceSampleRows(batch, rows));
+    // What the verify kernel would answer with -1 (breaking the runner): refused here.
+    const int64_t vocab = s.config.vocab_size;
+    for (const DeviceSampleRows::DraftVerify& v : rows.verifies) {
+      const bool in_vocab = std::all_of(v.drafts.begin(), v.drafts.end(),
+                                        [&](int32_t t) { return t >= 0 && t < vocab; });
+      if (!in_vocab || v.draft_probs.size() != v.drafts.size() * static_cast<size_t>(vocab)) {
+        return absl::InvalidArgumentError(
+            "a draft verification's drafts are outside the vocabulary or its distributions "
+            "are not [drafts, vocab]");
+      }
+    }
     return s.RunStep(batch, logits, &rows, &tokens, &logprobs);
   });
   if (!status.ok()) s.FinishFailedStep(batch.step_id, status);

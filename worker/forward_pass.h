@@ -29,6 +29,20 @@ struct DeviceSampleRows {
   // logprobs, a grammar, logit_bias, a draft model's distributions) in a step whose other
   // rows the device samples. Their device tokens are not used.
   std::vector<int32_t> logits_rows;
+  // A draft model's drafts with their distributions, for a sampler that samples: verified on
+  // the device by rejection sampling (kernels/cpu/speculative_verify.h's semantics, the target
+  // p each row's distribution as the device sampler draws from it). The sequence's k drafts
+  // take the k + 1 consecutive sample rows from first_row (rows like any other: parameters,
+  // positions, penalties); StepAndSample answers for them the tokens the verification emits:
+  // the accepted drafts, then the correction (or, all accepted, the bonus token), then -1.
+  struct DraftVerify {
+    int32_t first_row = 0;
+    std::vector<int32_t> drafts;         // k >= 1
+    std::vector<float> draft_probs;      // [k, vocab]: the draft model's q at each
+    std::vector<float> accept_uniforms;  // [k + 1] in [0, 1)
+    std::vector<float> sample_uniforms;  // [k + 1] in [0, 1)
+  };
+  std::vector<DraftVerify> verifies;
 
   /// No rows (penalty_indptr back to {0}), the lists' memory kept for the next step.
   void Clear() {
@@ -38,6 +52,7 @@ struct DeviceSampleRows {
     penalty_tokens.clear();
     penalty_counts.clear();
     logits_rows.clear();
+    verifies.clear();
   }
 };
 
@@ -53,7 +68,13 @@ inline absl::Status ValidateDeviceSampleRows(const StepBatch& batch, const Devic
   const bool logits_rows =
       std::all_of(rows.logits_rows.begin(), rows.logits_rows.end(),
                   [&](int32_t row) { return row >= 0 && static_cast<size_t>(row) < n; });
-  if (rows.params.size() != n || rows.positions.size() != n || !csr || !logits_rows) {
+  const bool verifies = std::all_of(
+      rows.verifies.begin(), rows.verifies.end(), [&](const DeviceSampleRows::DraftVerify& v) {
+        const size_t k = v.drafts.size();
+        return k >= 1 && v.first_row >= 0 && v.first_row + k < n &&
+               v.accept_uniforms.size() == k + 1 && v.sample_uniforms.size() == k + 1;
+      });
+  if (rows.params.size() != n || rows.positions.size() != n || !csr || !logits_rows || !verifies) {
     return absl::InvalidArgumentError(
         absl::StrFormat("device sampling rows do not match the step's %d sample rows", n));
   }

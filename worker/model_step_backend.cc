@@ -115,8 +115,7 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
   // states, or no row samples there.
   if (score_targets.empty() && forward_pass_->samples_on_device() &&
       std::none_of(rows.begin(), rows.end(), [](const SampleRow& row) { return row.embed; }) &&
-      std::any_of(rows.begin(), rows.end(),
-                  [](const SampleRow& row) { return SamplesOnDevice(row); })) {
+      std::any_of(rows.begin(), rows.end(), [](const SampleRow& row) { return OnDevice(row); })) {
     return RunOnDevice(batch, rows, tokens, num_emitted, timings);
   }
   // A forward pass without hidden states (CUDA) answers embedding rows with no embedding:
@@ -218,6 +217,14 @@ bool ModelStepBackend::SamplesOnDevice(const SampleRow& row) {
   return true;
 }
 
+bool ModelStepBackend::VerifiesOnDevice(const SampleRow& row) {
+  // The device's rejection sampling reports no logprobs; a grammar's mask and logit
+  // adjustments are applied on the host.
+  return !row.embed && !row.draft_probs.empty() && !row.sampler->greedy() &&
+         row.sampler->params().num_logprobs < 0 && !row.sampler->constrained() &&
+         !row.sampler->adjusts_logits();
+}
+
 absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
                                              absl::Span<const SampleRow> rows,
                                              std::vector<SampledToken>& tokens,
@@ -226,7 +233,7 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
   device_rows_.Clear();
   size_t sample_row = 0;
   for (const SampleRow& row : rows) {
-    if (!SamplesOnDevice(row)) {
+    if (!OnDevice(row)) {
       // Sampled on the host from its logits; the device's greedy pick of its rows unused.
       for (size_t i = 0; i <= row.draft_tokens.size(); ++i, ++sample_row) {
         SamplingParams unused;
@@ -238,6 +245,21 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
         device_rows_.logits_rows.push_back(static_cast<int32_t>(sample_row));
       }
       continue;
+    }
+    if (VerifiesOnDevice(row)) {
+      // The drafts' rejection sampling, with the uniforms the host's would draw.
+      DeviceSampleRows::DraftVerify& verify = device_rows_.verifies.emplace_back();
+      verify.first_row = static_cast<int32_t>(sample_row);
+      verify.drafts.assign(row.draft_tokens.begin(), row.draft_tokens.end());
+      verify.draft_probs.assign(row.draft_probs.begin(), row.draft_probs.end());
+      const int64_t position = int64_t{batch.positions[batch.sample_rows[sample_row]]} + 1;
+      for (size_t i = 0; i <= row.draft_tokens.size(); ++i) {
+        const int64_t at = position + static_cast<int64_t>(i);
+        verify.accept_uniforms.push_back(
+            UniformFloat(row.sampler->PositionUniform(at, kAcceptStream)));
+        verify.sample_uniforms.push_back(
+            UniformFloat(row.sampler->PositionUniform(at, kTargetSampleStream)));
+      }
     }
     // One device row per position the host would sample: the computed token's and each
     // draft's, the draft rows with the drafts before them counted in their penalties.
@@ -270,7 +292,7 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
   size_t next = 0, host_row = 0;
   for (const SampleRow& row : rows) {
     const size_t drafts = row.draft_tokens.size();
-    if (!SamplesOnDevice(row)) {
+    if (!OnDevice(row)) {
       LOOM_ASSIGN_OR_RETURN(
           const int32_t emitted,
           SampleOnHost(batch, row, host_logits_.data() + host_row * vocab, next, tokens));

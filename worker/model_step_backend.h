@@ -73,6 +73,12 @@ class ModelStepBackend : public StepBackend {
   // Whether `row` can be sampled on the device (one token a position, no top-n logprobs,
   // no grammar or logit adjustments, no draft distributions with a non-greedy sampler).
   static bool SamplesOnDevice(const SampleRow& row);
+  // Whether the device verifies `row`'s drafts: a draft model's distributions under a sampler
+  // that samples, wanting no logprobs (DeviceSampleRows::verifies).
+  static bool VerifiesOnDevice(const SampleRow& row);
+  static bool OnDevice(const SampleRow& row) {
+    return SamplesOnDevice(row) || VerifiesOnDevice(row);
+  }
   // Run for a forward pass that samples on its device: only token ids come back, and the
   // logits of the rows the host samples. Each row is sampled where it would be alone, so
   // a seeded request's tokens never depend on what else its step carries.

@@ -1201,6 +1201,81 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A draft model's distributions verified on the device (DeviceSampleRows::verifies) under top-k
+// 2: a first draft that is its row's argmax with little draft mass is always accepted, a second
+// outside its row's top 2 (target p 0) always rejected, the correction drawn from that row's top
+// 2; the rows after it -1. A sequence beside it keeps its plain device sample, and a draft
+// distribution of the wrong size is refused.
+TEST(CudaForwardPassTest, DraftDistributionsAreVerifiedOnTheDevice) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  std::unique_ptr<CudaForwardPass> logits_pass = NewGpuForwardPass(*gguf, true);
+  std::unique_ptr<CudaForwardPass> sampling_pass = NewGpuForwardPass(*gguf, true);
+  ASSERT_NE(logits_pass, nullptr);
+  ASSERT_NE(sampling_pass, nullptr);
+  const int64_t vocab = logits_pass->config().vocab_size;
+  // Sequence 0 plainly sampled; sequence 1's prompt and two drafts, its last three rows sampled.
+  StepBatch batch;
+  ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{9, 8}, 0, {0}, kBlockSize, true).ok());
+  ASSERT_TRUE(
+      AppendSequence(batch, std::vector<int32_t>{1, 2, 3, 4, 5}, 0, {1}, kBlockSize, false).ok());
+  for (int32_t row : {4, 5, 6}) batch.sample_rows.push_back(row);  // the prompt's last, drafts
+  std::vector<float> logits;
+  ASSERT_TRUE(logits_pass->Step(batch, logits).ok());
+  auto top2 = [&](int r) {
+    const float* row = logits.data() + r * vocab;
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    return std::vector<int32_t>(order.begin(), order.begin() + 2);
+  };
+  const int32_t accepted = top2(1)[0];
+  int32_t rejected = 0;
+  const std::vector<int32_t> second = top2(2);
+  while (rejected == second[0] || rejected == second[1]) ++rejected;
+  DeviceSampleRows rows;
+  rows.penalty_indptr = {0};
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams params;
+    params.temperature = 0.9f;
+    params.top_k = 2;
+    params.seed = 21;
+    rows.params.push_back(params);
+    rows.positions.push_back(batch.positions[batch.sample_rows[i]] + 1);
+    rows.penalty_indptr.push_back(0);
+  }
+  DeviceSampleRows::DraftVerify verify;
+  verify.first_row = 1;
+  verify.drafts = {accepted, rejected};
+  verify.draft_probs.assign(2 * vocab, 0.0f);
+  verify.draft_probs[accepted] = 0.01f;  // p >= 1/2 there: accepted whatever the uniform
+  verify.draft_probs[(accepted + 1) % vocab] = 0.99f;
+  verify.draft_probs[vocab + rejected] = 1.0f;  // p 0 there: rejected
+  verify.accept_uniforms = {0.99f, 0.5f, 0.25f};
+  verify.sample_uniforms = {0.3f, 0.6f, 0.9f};
+  rows.verifies.push_back(verify);
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs, host_logits;
+  const absl::Status sampled =
+      sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits);
+  ASSERT_TRUE(sampled.ok()) << sampled;
+  ASSERT_EQ(tokens.size(), 4u);
+  const std::vector<int32_t> first = top2(0);
+  EXPECT_NE(std::find(first.begin(), first.end(), tokens[0]), first.end()) << tokens[0];
+  EXPECT_EQ(tokens[1], accepted);
+  EXPECT_NE(std::find(second.begin(), second.end(), tokens[2]), second.end()) << tokens[2];
+  EXPECT_EQ(tokens[3], -1);
+  rows.verifies[0].draft_probs.pop_back();
+  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  rows.verifies[0].draft_probs.push_back(0.0f);
+  rows.verifies[0].first_row = 2;  // its three rows pass the step's last
+  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CudaForwardPassTest, RejectsOptionsTheKernelsCannotRun) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());

@@ -9,16 +9,21 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "kernels/cpu/speculative_verify.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/forward_pass.h"
+#include "worker/sampler.h"
 
 namespace loom::worker::test_util {
 
 /// Runs the real CPU forward pass and picks each row's greedy token itself, after the
 /// row's penalty entries as the device sampler applies them (the repetition penalty, then
-/// presence + frequency x count), lowest id on ties; the logprob is a fixed -0.5. Records
-/// what its caller handed it. Stands in for the GPU, which this machine lacks (the CUDA
-/// forward pass's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
+/// presence + frequency x count), lowest id on ties; the logprob is a fixed -0.5. Verifies
+/// rows.verifies as the device does: each row's distribution (SequenceSampler::Distribution
+/// of the penalized row under the row's filters), then kernels::cpu::SpeculativeVerify with
+/// the given uniforms, the emitted tokens written over the sequence's rows. Records what its
+/// caller handed it. Stands in for the GPU, which this machine lacks (the CUDA forward pass's
+/// own StepAndSample is tested against the CPU in cuda_forward_pass_test).
 class DeviceSamplingPass : public ForwardPass {
  public:
   explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> forward_pass)
@@ -42,6 +47,7 @@ class DeviceSamplingPass : public ForwardPass {
     const int64_t vocab = config().vocab_size;
     tokens.clear();
     logprobs.clear();
+    std::vector<float> penalized;  // [rows, vocab]
     for (size_t i = 0; i < rows.params.size(); ++i) {
       std::vector<float> row(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
       const SamplingParams& params = rows.params[i];
@@ -58,6 +64,10 @@ class DeviceSamplingPass : public ForwardPass {
       tokens.push_back(
           static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
       logprobs.push_back(-0.5f);
+      penalized.insert(penalized.end(), row.begin(), row.end());
+    }
+    for (const DeviceSampleRows::DraftVerify& v : rows.verifies) {
+      LOOM_RETURN_IF_ERROR(Verify(v, rows.params[v.first_row], penalized, tokens));
     }
     host_logits.clear();
     for (int32_t row : rows.logits_rows) {
@@ -72,6 +82,42 @@ class DeviceSamplingPass : public ForwardPass {
   DeviceSampleRows last_rows;
 
  private:
+  // One sequence's rejection sampling over its rows of `penalized`, into `tokens`.
+  absl::Status Verify(const DeviceSampleRows::DraftVerify& v, SamplingParams params,
+                      const std::vector<float>& penalized, std::vector<int32_t>& tokens) {
+    const int64_t vocab = config().vocab_size;
+    const int32_t k = static_cast<int32_t>(v.drafts.size());
+    // The rows are penalized already: the filters alone give each row's distribution.
+    params.repetition_penalty = 1.0f;
+    params.presence_penalty = params.frequency_penalty = 0.0f;
+    SequenceSampler sampler(params, {}, vocab);
+    std::vector<float> target(static_cast<size_t>((k + 1) * vocab));
+    for (int32_t i = 0; i <= k; ++i) {
+      sampler.Distribution(penalized.data() + (v.first_row + i) * vocab, {},
+                           target.data() + i * vocab);
+    }
+    const int32_t row_start[2] = {0, k + 1};
+    const uint8_t greedy = 0;
+    int32_t accepted = 0, next = 0;
+    kernels::cpu::SpeculativeVerifyParams p;
+    p.target_probs = target.data();
+    p.draft_probs = v.draft_probs.data();
+    p.draft_tokens = v.drafts.data();
+    p.uniforms = v.accept_uniforms.data();
+    p.sample_uniforms = v.sample_uniforms.data();
+    p.row_start = row_start;
+    p.greedy = &greedy;
+    p.num_seqs = 1;
+    p.vocab = vocab;
+    p.num_accepted = &accepted;
+    p.next_token = &next;
+    LOOM_RETURN_IF_ERROR(kernels::cpu::SpeculativeVerify(p));
+    for (int32_t i = 0; i <= k; ++i) {
+      tokens[v.first_row + i] = i < accepted ? v.drafts[i] : i == accepted ? next : -1;
+    }
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<CpuForwardPass> forward_pass_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -242,13 +243,80 @@ TEST_F(ModelStepBackendTest, OneHotDraftsAreVerifiedOnTheDeviceAsTheHostVerifies
   EXPECT_EQ(sent.penalty_tokens, (std::vector<int32_t>{7, 7}));
   EXPECT_EQ(sent.penalty_counts, (std::vector<int32_t>{1, 2}));
 
-  // A draft distribution with a non-greedy sampler: the host verifies.
+  // A draft distribution with a non-greedy sampler that wants logprobs: the host verifies.
   std::vector<float> q(2 * 24, 1.0f / 24);
-  SequenceSampler other(penalized, prompt, 24);
+  SamplingParams with_logprobs = penalized;
+  with_logprobs.num_logprobs = 0;
+  SequenceSampler other(with_logprobs, prompt, 24);
   rows = {{1, &other, drafts, q}};
   ASSERT_TRUE(
       backend_->Run(PromptWithDrafts(prompt, drafts, 5), rows, tokens, emitted, timings).ok());
   EXPECT_EQ(pass_->host_steps, 1);
+}
+
+// A draft model's distributions under a sampler that samples (no logprobs): verified on the
+// device (DeviceSampleRows::verifies, with the host's uniforms), emitting what the host's
+// rejection sampling emits, over seeds and drafts the target likes and dislikes.
+TEST_F(ModelStepBackendTest, DraftDistributionsAreVerifiedOnTheDeviceAsTheHostVerifiesThem) {
+  std::unique_ptr<CpuForwardPass> host_pass = SmallCpuPass(*gguf_);
+  ASSERT_NE(host_pass, nullptr);
+  ModelStepBackend host(std::move(host_pass), "host");
+  const std::vector<int32_t> prompt = {4, 5, 6};
+  // The greedy continuation: a draft the target likes.
+  int32_t likely = 0;
+  {
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    SequenceSampler sampler(greedy, prompt, 24);
+    std::vector<SampleRow> rows = {{1, &sampler, {}, {}}};
+    std::vector<SampledToken> tokens;
+    std::vector<int32_t> emitted;
+    BackendTimings timings;
+    StepBatch batch;
+    ASSERT_TRUE(AppendSequence(batch, prompt, 0, {2}, 16, true).ok());
+    ASSERT_TRUE(host.Run(batch, rows, tokens, emitted, timings).ok());
+    likely = tokens[0].token_id;
+  }
+  int device_steps = 0;
+  std::set<int32_t> emitted_counts;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    SamplingParams params;
+    params.temperature = seed % 2 == 0 ? 0.7f : 1.2f;
+    params.top_p = seed % 3 == 0 ? 0.9f : 1.0f;
+    params.seed = seed;
+    const std::vector<int32_t> drafts = {seed % 2 == 0 ? likely : static_cast<int32_t>(seed % 24),
+                                         9, 11};
+    // The draft model's q: most of its mass on each draft.
+    std::vector<float> q(drafts.size() * 24, 0.2f / 23);
+    for (size_t i = 0; i < drafts.size(); ++i) q[i * 24 + drafts[i]] = 0.8f;
+    std::vector<int32_t> emitted[2];
+    std::vector<int32_t> picked[2];
+    for (int side = 0; side < 2; ++side) {
+      SequenceSampler sampler(params, prompt, 24);
+      std::vector<SampleRow> rows = {{1, &sampler, drafts, q}};
+      std::vector<SampledToken> tokens;
+      BackendTimings timings;
+      ModelStepBackend& backend = side == 0 ? host : *backend_;
+      ASSERT_TRUE(
+          backend.Run(PromptWithDrafts(prompt, drafts, 3), rows, tokens, emitted[side], timings)
+              .ok());
+      for (const SampledToken& token : tokens) picked[side].push_back(token.token_id);
+    }
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    EXPECT_EQ(picked[1], picked[0]);
+    EXPECT_EQ(emitted[1], emitted[0]);
+    ASSERT_EQ(pass_->last_rows.verifies.size(), 1u);
+    const DeviceSampleRows::DraftVerify& sent = pass_->last_rows.verifies[0];
+    EXPECT_EQ(sent.first_row, 0);
+    EXPECT_EQ(sent.drafts, drafts);
+    EXPECT_EQ(sent.accept_uniforms.size(), drafts.size() + 1);
+    EXPECT_EQ(pass_->device_steps, ++device_steps);
+    emitted_counts.insert(emitted[0][0]);
+  }
+  EXPECT_EQ(pass_->host_steps, 0);
+  // Both ways out were taken: a first draft rejected (one token) and one accepted.
+  EXPECT_TRUE(emitted_counts.contains(1));
+  EXPECT_GT(*emitted_counts.rbegin(), 1);
 }
 
 }  // namespace
