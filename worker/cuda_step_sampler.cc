@@ -80,13 +80,8 @@ absl::Status CudaStepSampler::Enqueue(const DeviceSampleRows& rows, const float*
   LOOM_RETURN_IF_ERROR(Reserve(logprobs_, num_rows * sizeof(float)));
   p.tokens = static_cast<int32_t*>(tokens_.data());
   p.logprobs = static_cast<float*>(logprobs_.data());
-  if (!rows.verifies.empty()) {
-    // Every row's distribution: the verifications' target p.
-    LOOM_RETURN_IF_ERROR(Reserve(probs_, static_cast<size_t>(num_rows * vocab) * sizeof(float)));
-    p.probs = static_cast<float*>(probs_.data());
-  }
   LOOM_RETURN_IF_ERROR(kc::LaunchSampleTokens(p, stream));
-  if (!rows.verifies.empty()) LOOM_RETURN_IF_ERROR(EnqueueVerifies(rows, vocab, stream));
+  if (!rows.verifies.empty()) LOOM_RETURN_IF_ERROR(EnqueueVerifies(rows, p, stream));
   LOOM_RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(tokens.data(), tokens_.data(), num_rows * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, stream),
@@ -96,8 +91,10 @@ absl::Status CudaStepSampler::Enqueue(const DeviceSampleRows& rows, const float*
                     "cudaMemcpyAsync of the sampled tokens' logprobs");
 }
 
-absl::Status CudaStepSampler::EnqueueVerifies(const DeviceSampleRows& rows, int64_t vocab,
+absl::Status CudaStepSampler::EnqueueVerifies(const DeviceSampleRows& rows,
+                                              const kc::SampleTokensParams& sampled,
                                               cudaStream_t stream) {
+  const int64_t vocab = sampled.vocab_size;
   // Every sequence's inputs packed one after the other, uploaded once.
   std::vector<int32_t> drafts;
   std::vector<float> draft_probs, uniforms, sample_uniforms;
@@ -127,12 +124,32 @@ absl::Status CudaStepSampler::EnqueueVerifies(const DeviceSampleRows& rows, int6
   LOOM_RETURN_IF_ERROR(Upload(greedy_, &not_greedy, 1, stream));
   const size_t count = rows.verifies.size();
   LOOM_RETURN_IF_ERROR(Reserve(verified_, 2 * count * sizeof(int32_t)));
-  // One launch per sequence: its rows lie among rows the verification does not take.
+  size_t most_rows = 0;
+  for (const DeviceSampleRows::DraftVerify& v : rows.verifies) {
+    most_rows = std::max(most_rows, v.drafts.size() + 1);
+  }
+  LOOM_RETURN_IF_ERROR(Reserve(probs_, most_rows * static_cast<size_t>(vocab) * sizeof(float)));
+  LOOM_RETURN_IF_ERROR(Reserve(verify_tokens_, most_rows * sizeof(int32_t)));
+  // Per sequence, in stream order over one buffer: its rows' distributions (the sampler again
+  // over those rows: the same parameters and penalties), then their verification.
   size_t draft = 0, row = 0;
   for (size_t j = 0; j < count; ++j) {
     const DeviceSampleRows::DraftVerify& v = rows.verifies[j];
+    kc::SampleTokensParams target = sampled;
+    target.logits = sampled.logits + v.first_row * vocab;
+    target.num_rows = static_cast<int64_t>(v.drafts.size() + 1);
+    target.rows = sampled.rows + v.first_row;
+    if (target.penalty_indptr != nullptr) {
+      target.penalty_indptr += v.first_row;  // its entries index the whole lists
+      target.workspace += v.first_row * vocab;
+      target.workspace_bytes -= static_cast<size_t>(v.first_row * vocab) * sizeof(float);
+    }
+    target.tokens = static_cast<int32_t*>(verify_tokens_.data());
+    target.logprobs = nullptr;
+    target.probs = static_cast<float*>(probs_.data());
+    LOOM_RETURN_IF_ERROR(kc::LaunchSampleTokens(target, stream));
     kc::SpeculativeVerifyParams q;
-    q.target_probs = static_cast<const float*>(probs_.data()) + v.first_row * vocab;
+    q.target_probs = static_cast<const float*>(probs_.data());
     q.draft_probs = static_cast<const float*>(draft_probs_.data()) + draft * vocab;
     q.draft_tokens = static_cast<const int32_t*>(drafts_.data()) + draft;
     q.uniforms = static_cast<const float*>(uniforms_.data()) + row;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/sampling.h"
 #include "worker/forward_pass.h"
 
 namespace loom::worker {
@@ -35,14 +36,19 @@ class CudaStepSampler {
   absl::Status Finish(const DeviceSampleRows& rows, std::vector<int32_t>& tokens) const;
 
  private:
-  // The verifications' uploads and launches (Enqueue, once `probs_` holds the distributions).
-  absl::Status EnqueueVerifies(const DeviceSampleRows& rows, int64_t vocab, cudaStream_t stream);
+  // The verifications' uploads and launches, after the rows' sampling `sampled` (whose inputs
+  // they reuse).
+  absl::Status EnqueueVerifies(const DeviceSampleRows& rows,
+                               const kernels::cuda::SampleTokensParams& sampled,
+                               cudaStream_t stream);
 
   kernels::cuda::DeviceBuffer params_, penalty_indptr_, penalty_tokens_, penalty_counts_;
   kernels::cuda::DeviceBuffer workspace_, tokens_, logprobs_;
-  // Draft verification: the rows' distributions, the drafts, their distributions, the
-  // uniforms, per sequence {0, k + 1} and its greedy flag, and (accepted, next) per sequence.
-  kernels::cuda::DeviceBuffer probs_, drafts_, draft_probs_, uniforms_, sample_uniforms_;
+  // Draft verification: one sequence's rows' distributions (and their unused tokens) at a
+  // time, the drafts, their distributions, the uniforms, per sequence {0, k + 1} and its
+  // greedy flag, and (accepted, next) per sequence.
+  kernels::cuda::DeviceBuffer probs_, verify_tokens_, drafts_, draft_probs_, uniforms_;
+  kernels::cuda::DeviceBuffer sample_uniforms_;
   kernels::cuda::DeviceBuffer row_starts_, greedy_, verified_;
   std::vector<int32_t> row_starts_host_;
   std::vector<int32_t> verified_host_;
