@@ -344,7 +344,9 @@ def step_draft(command, log_path, pgid_file, model, timeout, start_timeout, refe
     """`command` with the served model drafting for itself (`--draft-model`, 3 drafts every
     step): on a GPU the draft is a second forward pass on the device, its KV pool sized
     beside the target's. The long prompt gives the text the server without drafts gave
-    (`reference`: greedy speculation is lossless), with drafts proposed and accepted."""
+    (`reference`: greedy speculation is lossless), with drafts proposed and accepted. Then a
+    sampled completion (temperature 0.8): the draft model's distributions go through the
+    rejection sampling (on a GPU, the device's), and drafts are accepted there too."""
     server = Server(command, log_path, pgid_file)
     try:
         base_url = wait_for_replicas(server, start_timeout, ("replica-0",))
@@ -361,7 +363,15 @@ def step_draft(command, log_path, pgid_file, model, timeout, start_timeout, refe
               f"none of {drafted} drafts accepted (the model drafting for itself)")
         check(reference is None or text == reference,
               f"text with drafts {text!r} differs from the server's without {reference!r}")
-        return {"text": text, "drafted": drafted, "accepted": accepted}
+        sampled = dict(body, temperature=0.8, seed=7)
+        check_completion(post(base_url + "/v1/completions", sampled, timeout), 8,
+                         "sampled long prompt with drafts")
+        after = metric_total(base_url + "/metrics", "loom_spec_decode_num_accepted_tokens_total",
+                             timeout)
+        check(after is not None and after > accepted,
+              f"no draft accepted under sampling ({accepted} before, {after} after)")
+        return {"text": text, "drafted": drafted, "accepted": accepted,
+                "sampled_accepted": after - accepted}
     finally:
         server.stop()
 

@@ -153,6 +153,7 @@ def test_serve_smoke_passes_on_the_cpu(models, tmp_path):
     assert steps["pd"]["pushed"] == 1 and steps["pd"]["text"] == steps["long_prompt"]["text"]
     # The model drafting for itself: drafts accepted, the text without drafts.
     assert steps["draft"]["accepted"] > 0 and steps["draft"]["text"] == steps["long_prompt"]["text"]
+    assert steps["draft"]["sampled_accepted"] > 0  # the rejection sampling accepted drafts
 
 
 def test_the_further_servers_are_skipped_without_the_time_for_them(models, tmp_path):
