@@ -1142,15 +1142,45 @@ TEST(CudaForwardPassTest, RejectsBadBatchesAndKeepsWorking) {
 // StepAndSample: greedy rows pick exactly the argmax of the logits Step returns for the
 // same step (two forward passes, the same inputs); sampled rows pick tokens the filters keep,
 // and a bad row set is refused without breaking the forward pass.
-TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
-  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
-  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
-  ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaForwardPass> logits_pass = NewGpuForwardPass(*gguf, true);
-  std::unique_ptr<CudaForwardPass> sampling_pass = NewGpuForwardPass(*gguf, true);
-  ASSERT_NE(logits_pass, nullptr);
-  ASSERT_NE(sampling_pass, nullptr);
-  const int64_t vocab = logits_pass->config().vocab_size;
+// Two GPU forward passes of one random GQA model: one whose Step gives the logits, one that
+// samples on the device (skipped where no CUDA device is).
+class CudaForwardPassSamplingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+    gguf_ = RandomModel(LlamaGqaSpec());
+    ASSERT_NE(gguf_, nullptr);
+    logits_pass_ = NewGpuForwardPass(*gguf_, true);
+    sampling_pass_ = NewGpuForwardPass(*gguf_, true);
+    ASSERT_NE(logits_pass_, nullptr);
+    ASSERT_NE(sampling_pass_, nullptr);
+    vocab_ = logits_pass_->config().vocab_size;
+  }
+  std::unique_ptr<common::GgufFile> gguf_;
+  std::unique_ptr<CudaForwardPass> logits_pass_, sampling_pass_;
+  int64_t vocab_ = 0;
+};
+
+// A device row for `batch`'s sample row i: `params`, the position after it, no penalties.
+void AddDeviceRow(DeviceSampleRows& rows, const StepBatch& batch, int i, SamplingParams params) {
+  if (rows.penalty_indptr.empty()) rows.penalty_indptr = {0};
+  rows.params.push_back(params);
+  rows.positions.push_back(batch.positions[batch.sample_rows[i]] + 1);
+  rows.penalty_indptr.push_back(0);
+}
+
+// What StepAndSample answers `rows` with, beside the step.
+absl::StatusCode SampleCode(CudaForwardPass& pass, const StepBatch& batch,
+                            const DeviceSampleRows& rows) {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs, host_logits;
+  return pass.StepAndSample(batch, rows, tokens, logprobs, host_logits).code();
+}
+
+TEST_F(CudaForwardPassSamplingTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
+  CudaForwardPass* logits_pass = logits_pass_.get();
+  CudaForwardPass* sampling_pass = sampling_pass_.get();
+  const int64_t vocab = vocab_;
   StepBatch batch;
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{1, 2, 3, 4}, 0, {0}, kBlockSize, true).ok());
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{9, 8}, 0, {1}, kBlockSize, true).ok());
@@ -1158,15 +1188,12 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
   std::vector<float> logits;
   ASSERT_TRUE(logits_pass->Step(batch, logits).ok());
   DeviceSampleRows rows;
-  rows.penalty_indptr = {0};
   for (int i = 0; i < 3; ++i) {
     SamplingParams params;
     params.temperature = i == 2 ? 0.7f : 0.0f;
     params.top_k = i == 2 ? 5 : 0;
     params.seed = 11 + i;
-    rows.params.push_back(params);
-    rows.positions.push_back(batch.positions[batch.sample_rows[i]] + 1);
-    rows.penalty_indptr.push_back(0);
+    AddDeviceRow(rows, batch, i, params);
   }
   // The second row is also one the host samples: its logits come back.
   rows.logits_rows = {1};
@@ -1193,12 +1220,10 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
                     [&](int32_t a, int32_t b) { return third[a] > third[b]; });
   EXPECT_NE(std::find(order.begin(), order.begin() + 5, tokens[2]), order.begin() + 5);
   rows.logits_rows = {3};  // no such sample row
-  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
   rows.logits_rows.clear();
   rows.positions.pop_back();  // rows no longer match the step
-  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
 }
 
 // A draft model's distributions verified on the device (DeviceSampleRows::verifies) under top-k
@@ -1206,15 +1231,10 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
 // outside its row's top 2 (target p 0) always rejected, the correction drawn from that row's top
 // 2; the rows after it -1. A sequence beside it keeps its plain device sample, and a draft
 // distribution of the wrong size is refused.
-TEST(CudaForwardPassTest, DraftDistributionsAreVerifiedOnTheDevice) {
-  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
-  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
-  ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaForwardPass> logits_pass = NewGpuForwardPass(*gguf, true);
-  std::unique_ptr<CudaForwardPass> sampling_pass = NewGpuForwardPass(*gguf, true);
-  ASSERT_NE(logits_pass, nullptr);
-  ASSERT_NE(sampling_pass, nullptr);
-  const int64_t vocab = logits_pass->config().vocab_size;
+TEST_F(CudaForwardPassSamplingTest, DraftDistributionsAreVerifiedOnTheDevice) {
+  CudaForwardPass* logits_pass = logits_pass_.get();
+  CudaForwardPass* sampling_pass = sampling_pass_.get();
+  const int64_t vocab = vocab_;
   // Sequence 0 plainly sampled; sequence 1's prompt and two drafts, its last three rows sampled.
   StepBatch batch;
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{9, 8}, 0, {0}, kBlockSize, true).ok());
@@ -1236,16 +1256,11 @@ TEST(CudaForwardPassTest, DraftDistributionsAreVerifiedOnTheDevice) {
   const std::vector<int32_t> second = top2(2);
   while (rejected == second[0] || rejected == second[1]) ++rejected;
   DeviceSampleRows rows;
-  rows.penalty_indptr = {0};
-  for (int i = 0; i < 4; ++i) {
-    SamplingParams params;
-    params.temperature = 0.9f;
-    params.top_k = 2;
-    params.seed = 21;
-    rows.params.push_back(params);
-    rows.positions.push_back(batch.positions[batch.sample_rows[i]] + 1);
-    rows.penalty_indptr.push_back(0);
-  }
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.top_k = 2;
+  params.seed = 21;
+  for (int i = 0; i < 4; ++i) AddDeviceRow(rows, batch, i, params);
   DeviceSampleRows::DraftVerify verify;
   verify.first_row = 1;
   verify.drafts = {accepted, rejected};
@@ -1268,12 +1283,10 @@ TEST(CudaForwardPassTest, DraftDistributionsAreVerifiedOnTheDevice) {
   EXPECT_NE(std::find(second.begin(), second.end(), tokens[2]), second.end()) << tokens[2];
   EXPECT_EQ(tokens[3], -1);
   rows.verifies[0].draft_probs.pop_back();
-  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
   rows.verifies[0].draft_probs.push_back(0.0f);
   rows.verifies[0].first_row = 2;  // its three rows pass the step's last
-  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaForwardPassTest, RejectsOptionsTheKernelsCannotRun) {

@@ -175,6 +175,43 @@ StepBatch PromptWithDrafts(const std::vector<int32_t>& prompt, const std::vector
   return batch;
 }
 
+// One step of `prompt` and its `drafts` (`q`: the draft model's distributions, or none) with a
+// fresh sampler of `params`, on `host` (side 0) and `device` (side 1): what each picked and
+// emitted.
+void RunOnBothSides(ModelStepBackend& host, ModelStepBackend& device, const SamplingParams& params,
+                    const std::vector<int32_t>& prompt, const std::vector<int32_t>& drafts,
+                    const std::vector<float>& q, std::vector<int32_t> (&picked)[2],
+                    std::vector<int32_t> (&emitted)[2]) {
+  for (int side = 0; side < 2; ++side) {
+    SequenceSampler sampler(params, prompt, 24);
+    std::vector<SampleRow> rows = {{1, &sampler, drafts, q}};
+    std::vector<SampledToken> tokens;
+    BackendTimings timings;
+    ModelStepBackend& backend = side == 0 ? host : device;
+    ASSERT_TRUE(
+        backend.Run(PromptWithDrafts(prompt, drafts, 3), rows, tokens, emitted[side], timings)
+            .ok());
+    for (const SampledToken& token : tokens) picked[side].push_back(token.token_id);
+  }
+}
+
+// The token `backend` picks greedily after `prompt` (in block 2); -1 where the step fails.
+int32_t GreedyNext(ModelStepBackend& backend, const std::vector<int32_t>& prompt) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SequenceSampler sampler(greedy, prompt, 24);
+  std::vector<SampleRow> rows = {{1, &sampler, {}, {}}};
+  std::vector<SampledToken> tokens;
+  std::vector<int32_t> emitted;
+  BackendTimings timings;
+  StepBatch batch;
+  if (!AppendSequence(batch, prompt, 0, {2}, 16, true).ok() ||
+      !backend.Run(batch, rows, tokens, emitted, timings).ok() || tokens.empty()) {
+    return -1;
+  }
+  return tokens[0].token_id;
+}
+
 // One-hot drafts (n-gram proposals) are verified on the device: every position sampled
 // there (positions and penalties as a plain decode at that position would have them, the
 // drafts before it counted), the drafts accepted on the host while they equal the samples:
@@ -189,33 +226,14 @@ TEST_F(ModelStepBackendTest, OneHotDraftsAreVerifiedOnTheDeviceAsTheHostVerifies
   greedy.num_logprobs = 0;
   const std::vector<int32_t> prompt = {4, 5, 6};
   // The greedy continuation of the prompt, so the first draft is accepted.
-  int32_t next = 0;
-  {
-    SequenceSampler sampler(greedy, prompt, 24);
-    std::vector<SampleRow> rows = {{1, &sampler, {}, {}}};
-    std::vector<SampledToken> tokens;
-    std::vector<int32_t> emitted;
-    BackendTimings timings;
-    StepBatch batch;
-    ASSERT_TRUE(AppendSequence(batch, prompt, 0, {2}, 16, true).ok());
-    ASSERT_TRUE(host.Run(batch, rows, tokens, emitted, timings).ok());
-    next = tokens[0].token_id;
-  }
+  const int32_t next = GreedyNext(host, prompt);
+  ASSERT_GE(next, 0);
   for (const std::vector<int32_t>& drafts :
        {std::vector<int32_t>{next, 9, 9}, std::vector<int32_t>{(next + 1) % 24, 3}}) {
     std::vector<int32_t> emitted[2];
     std::vector<int32_t> picked[2];
-    for (int side = 0; side < 2; ++side) {
-      SequenceSampler sampler(greedy, prompt, 24);
-      std::vector<SampleRow> rows = {{1, &sampler, drafts, {}}};
-      std::vector<SampledToken> tokens;
-      BackendTimings timings;
-      ModelStepBackend& backend = side == 0 ? host : *backend_;
-      ASSERT_TRUE(
-          backend.Run(PromptWithDrafts(prompt, drafts, 3), rows, tokens, emitted[side], timings)
-              .ok());
-      for (const SampledToken& token : tokens) picked[side].push_back(token.token_id);
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        RunOnBothSides(host, *backend_, greedy, prompt, drafts, {}, picked, emitted));
     EXPECT_EQ(picked[1], picked[0]);
     EXPECT_EQ(emitted[1], emitted[0]);
     EXPECT_EQ(emitted[0][0], drafts[0] == next ? 2 : 1);  // next, then 9 is (almost) never
@@ -263,20 +281,8 @@ TEST_F(ModelStepBackendTest, DraftDistributionsAreVerifiedOnTheDeviceAsTheHostVe
   ModelStepBackend host(std::move(host_pass), "host");
   const std::vector<int32_t> prompt = {4, 5, 6};
   // The greedy continuation: a draft the target likes.
-  int32_t likely = 0;
-  {
-    SamplingParams greedy;
-    greedy.temperature = 0.0f;
-    SequenceSampler sampler(greedy, prompt, 24);
-    std::vector<SampleRow> rows = {{1, &sampler, {}, {}}};
-    std::vector<SampledToken> tokens;
-    std::vector<int32_t> emitted;
-    BackendTimings timings;
-    StepBatch batch;
-    ASSERT_TRUE(AppendSequence(batch, prompt, 0, {2}, 16, true).ok());
-    ASSERT_TRUE(host.Run(batch, rows, tokens, emitted, timings).ok());
-    likely = tokens[0].token_id;
-  }
+  const int32_t likely = GreedyNext(host, prompt);
+  ASSERT_GE(likely, 0);
   int device_steps = 0;
   std::set<int32_t> emitted_counts;
   for (uint64_t seed = 1; seed <= 8; ++seed) {
@@ -291,17 +297,8 @@ TEST_F(ModelStepBackendTest, DraftDistributionsAreVerifiedOnTheDeviceAsTheHostVe
     for (size_t i = 0; i < drafts.size(); ++i) q[i * 24 + drafts[i]] = 0.8f;
     std::vector<int32_t> emitted[2];
     std::vector<int32_t> picked[2];
-    for (int side = 0; side < 2; ++side) {
-      SequenceSampler sampler(params, prompt, 24);
-      std::vector<SampleRow> rows = {{1, &sampler, drafts, q}};
-      std::vector<SampledToken> tokens;
-      BackendTimings timings;
-      ModelStepBackend& backend = side == 0 ? host : *backend_;
-      ASSERT_TRUE(
-          backend.Run(PromptWithDrafts(prompt, drafts, 3), rows, tokens, emitted[side], timings)
-              .ok());
-      for (const SampledToken& token : tokens) picked[side].push_back(token.token_id);
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        RunOnBothSides(host, *backend_, params, prompt, drafts, q, picked, emitted));
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     EXPECT_EQ(picked[1], picked[0]);
     EXPECT_EQ(emitted[1], emitted[0]);
