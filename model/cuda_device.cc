@@ -334,15 +334,12 @@ bool CudaKvCache::PrepareStaging() const {
   const int64_t slot = block_bytes();
   const int64_t slots =
       std::clamp<int64_t>(kStagingBytes / std::max<int64_t>(slot, 1), 1, kc::kKvBlockCopyMaxBlocks);
-  std::vector<uint8_t*> bases;  // slot order: per layer K, V, then K scales, V scales
-  for (size_t l = 0; l < k_.size(); ++l) {
-    bases.push_back(static_cast<uint8_t*>(k_[l].data()));
-    bases.push_back(static_cast<uint8_t*>(v_[l].data()));
-    if (block_scale_bytes() > 0) {
-      bases.push_back(static_cast<uint8_t*>(k_scale_[l].data()));
-      bases.push_back(static_cast<uint8_t*>(v_scale_[l].data()));
-    }
-  }
+  // The pools in slot order, as ForEachPiece walks a block's pieces.
+  std::vector<uint8_t*> bases;
+  (void)ForEachPiece(0, [&](void* pool, int64_t, int64_t, int64_t) {
+    bases.push_back(static_cast<uint8_t*>(pool));
+    return absl::OkStatus();
+  });
   absl::StatusOr<kc::DeviceBuffer> staging = kc::DeviceBuffer::Allocate(slots * slot);
   absl::StatusOr<kc::DeviceBuffer> table =
       kc::DeviceBuffer::Allocate(bases.size() * sizeof(uint8_t*));

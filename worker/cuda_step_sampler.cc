@@ -95,9 +95,10 @@ absl::Status CudaStepSampler::EnqueueVerifies(const DeviceSampleRows& rows,
                                               const kc::SampleTokensParams& sampled,
                                               cudaStream_t stream) {
   const int64_t vocab = sampled.vocab_size;
-  // Every sequence's inputs packed one after the other, uploaded once.
+  // Every sequence's small inputs packed one after the other, uploaded once; its q (k x vocab)
+  // uploaded straight from the caller's memory to its offset.
   std::vector<int32_t> drafts;
-  std::vector<float> draft_probs, uniforms, sample_uniforms;
+  std::vector<float> uniforms, sample_uniforms;
   row_starts_host_.clear();
   for (const DeviceSampleRows::DraftVerify& v : rows.verifies) {
     if (v.draft_probs.size() != v.drafts.size() * static_cast<size_t>(vocab)) {
@@ -106,7 +107,6 @@ absl::Status CudaStepSampler::EnqueueVerifies(const DeviceSampleRows& rows,
                           v.drafts.size(), v.draft_probs.size(), vocab));
     }
     drafts.insert(drafts.end(), v.drafts.begin(), v.drafts.end());
-    draft_probs.insert(draft_probs.end(), v.draft_probs.begin(), v.draft_probs.end());
     uniforms.insert(uniforms.end(), v.accept_uniforms.begin(), v.accept_uniforms.end());
     sample_uniforms.insert(sample_uniforms.end(), v.sample_uniforms.begin(),
                            v.sample_uniforms.end());
@@ -115,7 +115,15 @@ absl::Status CudaStepSampler::EnqueueVerifies(const DeviceSampleRows& rows,
   }
   const uint8_t not_greedy = 0;
   LOOM_RETURN_IF_ERROR(Upload(drafts_, drafts.data(), drafts.size(), stream));
-  LOOM_RETURN_IF_ERROR(Upload(draft_probs_, draft_probs.data(), draft_probs.size(), stream));
+  LOOM_RETURN_IF_ERROR(Reserve(draft_probs_, drafts.size() * vocab * sizeof(float)));
+  for (size_t j = 0, draft = 0; j < rows.verifies.size(); ++j) {
+    const absl::Span<const float> q = rows.verifies[j].draft_probs;
+    LOOM_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(static_cast<float*>(draft_probs_.data()) + draft * vocab, q.data(),
+                        q.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync of draft distributions"));
+    draft += rows.verifies[j].drafts.size();
+  }
   LOOM_RETURN_IF_ERROR(Upload(uniforms_, uniforms.data(), uniforms.size(), stream));
   LOOM_RETURN_IF_ERROR(
       Upload(sample_uniforms_, sample_uniforms.data(), sample_uniforms.size(), stream));

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "common/formats/model_config.h"
 #include "model/device.h"
 #include "worker/sampler.h"
@@ -35,12 +36,13 @@ struct DeviceSampleRows {
   // take the k + 1 consecutive sample rows from first_row (rows like any other: parameters,
   // positions, penalties); StepAndSample answers for them the tokens the verification emits:
   // the accepted drafts, then the correction (or, all accepted, the bonus token), then -1.
+  // The drafts and q are the caller's (SampleRow's), valid for the StepAndSample call.
   struct DraftVerify {
     int32_t first_row = 0;
-    std::vector<int32_t> drafts;         // k >= 1
-    std::vector<float> draft_probs;      // [k, vocab]: the draft model's q at each
-    std::vector<float> accept_uniforms;  // [k + 1] in [0, 1)
-    std::vector<float> sample_uniforms;  // [k + 1] in [0, 1)
+    absl::Span<const int32_t> drafts;     // k >= 1
+    absl::Span<const float> draft_probs;  // [k, vocab]: the draft model's q at each
+    std::vector<float> accept_uniforms;   // [k + 1] in [0, 1)
+    std::vector<float> sample_uniforms;   // [k + 1] in [0, 1)
   };
   std::vector<DraftVerify> verifies;
 

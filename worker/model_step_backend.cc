@@ -250,8 +250,8 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
       // The drafts' rejection sampling, with the uniforms the host's would draw.
       DeviceSampleRows::DraftVerify& verify = device_rows_.verifies.emplace_back();
       verify.first_row = static_cast<int32_t>(sample_row);
-      verify.drafts.assign(row.draft_tokens.begin(), row.draft_tokens.end());
-      verify.draft_probs.assign(row.draft_probs.begin(), row.draft_probs.end());
+      verify.drafts = row.draft_tokens;
+      verify.draft_probs = row.draft_probs;
       const int64_t position = int64_t{batch.positions[batch.sample_rows[sample_row]]} + 1;
       for (size_t i = 0; i <= row.draft_tokens.size(); ++i) {
         const int64_t at = position + static_cast<int64_t>(i);
@@ -344,23 +344,11 @@ absl::StatusOr<int32_t> ModelStepBackend::VerifyDraftDistributions(
     sample_uniforms_[i] =
         UniformFloat(row.sampler->PositionUniform(position + i, kTargetSampleStream));
   }
-  const int32_t row_start[2] = {0, k + 1};
-  const uint8_t greedy = 0;
-  int32_t accepted = 0;
-  int32_t next = 0;
-  kernels::cpu::SpeculativeVerifyParams params;
-  params.target_probs = target_probs_.data();
-  params.draft_probs = row.draft_probs.data();
-  params.draft_tokens = row.draft_tokens.data();
-  params.uniforms = accept_uniforms_.data();
-  params.sample_uniforms = sample_uniforms_.data();
-  params.row_start = row_start;
-  params.greedy = &greedy;
-  params.num_seqs = 1;
-  params.vocab = vocab;
-  params.num_accepted = &accepted;
-  params.next_token = &next;
-  LOOM_RETURN_IF_ERROR(kernels::cpu::SpeculativeVerify(params));
+  LOOM_ASSIGN_OR_RETURN(const kernels::cpu::VerifiedDrafts verified,
+                        kernels::cpu::VerifySampledDrafts(
+                            target_probs_.data(), row.draft_probs.data(), row.draft_tokens,
+                            accept_uniforms_.data(), sample_uniforms_.data(), vocab));
+  const int32_t accepted = verified.accepted, next = verified.next;
   for (int32_t i = 0; i <= accepted; ++i) {
     const int32_t token = i < accepted ? row.draft_tokens[i] : next;
     tokens.push_back(Emitted(*row.sampler, logits + i * vocab, vocab, token));

@@ -449,11 +449,7 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
 
 bool HasFp8RowScales(const GgufFile& gguf) {
   for (const GgufTensorInfo& tensor : gguf.tensors()) {
-    const std::string_view name = tensor.name;
-    if (name.size() >= kFp8RowScaleSuffix.size() &&
-        name.substr(name.size() - kFp8RowScaleSuffix.size()) == kFp8RowScaleSuffix) {
-      return true;
-    }
+    if (tensor.name.ends_with(kFp8RowScaleSuffix)) return true;
   }
   return false;
 }

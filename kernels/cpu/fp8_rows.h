@@ -2,10 +2,9 @@
 
 #include <cstdint>
 
-namespace loom::kernels::cpu {
+#include "kernels/cpu/kv_dtype.h"  // kFp8E4m3Max, FloatToFp8E4m3
 
-/// Largest finite FP8 E4M3FN magnitude.
-inline constexpr float kFp8E4m3Max = 448.0f;
+namespace loom::kernels::cpu {
 
 /// Rows of `values` [rows, cols] as FP8 E4M3FN codes with one F32 scale per row (code x scale
 /// approximates the value), into codes [rows, cols] and scales [rows]. Each row's scale is

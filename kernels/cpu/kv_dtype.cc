@@ -9,7 +9,6 @@ namespace loom::kernels::cpu {
 namespace {
 
 constexpr float kInt8Max = 127.0f;
-constexpr float kFp8Max = 448.0f;
 
 std::array<float, 256> Fp8Table() {
   std::array<float, 256> table{};
@@ -40,7 +39,7 @@ inline float RoundToInt(float x) {
 
 uint16_t KvRowScale(KvDtype dtype, float amax) {
   if (!(amax > 0.0f)) return 0;
-  const float exact = amax / (dtype == KvDtype::kInt8 ? kInt8Max : kFp8Max);
+  const float exact = amax / (dtype == KvDtype::kInt8 ? kInt8Max : kFp8E4m3Max);
   uint32_t bits;
   std::memcpy(&bits, &exact, sizeof(bits));
   if (!std::isfinite(exact)) return 0x7f7f;  // the largest finite BF16

@@ -40,6 +40,9 @@ inline int64_t KvScaleBytes(KvDtype dtype) { return IsQuantizedKv(dtype) ? 2 : 0
 /// "f16", "f32", "int8", "fp8_e4m3" (the flag values).
 const char* KvDtypeName(KvDtype dtype);
 
+/// Largest finite FP8 E4M3FN magnitude.
+inline constexpr float kFp8E4m3Max = 448.0f;
+
 /// OCP FP8 E4M3FN (bias 7, no infinities, 0x7F/0xFF NaN, max 448) to float, exactly.
 float Fp8E4m3ToFloat(uint8_t code);
 /// float to E4M3FN, round to nearest even, saturating at +-448; NaN gives NaN.

@@ -99,4 +99,28 @@ absl::Status SpeculativeVerify(const SpeculativeVerifyParams& p) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<VerifiedDrafts> VerifySampledDrafts(const float* target_probs,
+                                                   const float* draft_probs,
+                                                   absl::Span<const int32_t> drafts,
+                                                   const float* uniforms,
+                                                   const float* sample_uniforms, int64_t vocab) {
+  const int32_t row_start[2] = {0, static_cast<int32_t>(drafts.size()) + 1};
+  const uint8_t greedy = 0;
+  VerifiedDrafts verified;
+  SpeculativeVerifyParams p;
+  p.target_probs = target_probs;
+  p.draft_probs = draft_probs;
+  p.draft_tokens = drafts.data();
+  p.uniforms = uniforms;
+  p.sample_uniforms = sample_uniforms;
+  p.row_start = row_start;
+  p.greedy = &greedy;
+  p.num_seqs = 1;
+  p.vocab = vocab;
+  p.num_accepted = &verified.accepted;
+  p.next_token = &verified.next;
+  if (absl::Status status = SpeculativeVerify(p); !status.ok()) return status;
+  return verified;
+}
+
 }  // namespace loom::kernels::cpu

@@ -3,6 +3,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace loom::kernels::cpu {
 
@@ -42,5 +44,20 @@ struct SpeculativeVerifyParams {
 /// InvalidArgument (nothing written) for inconsistent rows or a draft token outside the
 /// vocabulary.
 absl::Status SpeculativeVerify(const SpeculativeVerifyParams& params);
+
+/// What SpeculativeVerify decides for one sequence.
+struct VerifiedDrafts {
+  int32_t accepted = 0;  // drafts accepted, 0..k
+  int32_t next = 0;      // the token after them
+};
+
+/// SpeculativeVerify for one sampling (not greedy) sequence of k = drafts.size() drafts:
+/// `target_probs` its k + 1 rows, `draft_probs` its drafts' q rows, `uniforms` and
+/// `sample_uniforms` one per row. Errors as SpeculativeVerify's.
+absl::StatusOr<VerifiedDrafts> VerifySampledDrafts(const float* target_probs,
+                                                   const float* draft_probs,
+                                                   absl::Span<const int32_t> drafts,
+                                                   const float* uniforms,
+                                                   const float* sample_uniforms, int64_t vocab);
 
 }  // namespace loom::kernels::cpu

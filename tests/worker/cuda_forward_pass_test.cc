@@ -1263,11 +1263,13 @@ TEST_F(CudaForwardPassSamplingTest, DraftDistributionsAreVerifiedOnTheDevice) {
   for (int i = 0; i < 4; ++i) AddDeviceRow(rows, batch, i, params);
   DeviceSampleRows::DraftVerify verify;
   verify.first_row = 1;
-  verify.drafts = {accepted, rejected};
-  verify.draft_probs.assign(2 * vocab, 0.0f);
-  verify.draft_probs[accepted] = 0.01f;  // p >= 1/2 there: accepted whatever the uniform
-  verify.draft_probs[(accepted + 1) % vocab] = 0.99f;
-  verify.draft_probs[vocab + rejected] = 1.0f;  // p 0 there: rejected
+  const std::vector<int32_t> drafts = {accepted, rejected};
+  std::vector<float> q(2 * vocab, 0.0f);
+  q[accepted] = 0.01f;  // p >= 1/2 there: accepted whatever the uniform
+  q[(accepted + 1) % vocab] = 0.99f;
+  q[vocab + rejected] = 1.0f;  // p 0 there: rejected
+  verify.drafts = drafts;
+  verify.draft_probs = q;
   verify.accept_uniforms = {0.99f, 0.5f, 0.25f};
   verify.sample_uniforms = {0.3f, 0.6f, 0.9f};
   rows.verifies.push_back(verify);
@@ -1282,9 +1284,9 @@ TEST_F(CudaForwardPassSamplingTest, DraftDistributionsAreVerifiedOnTheDevice) {
   EXPECT_EQ(tokens[1], accepted);
   EXPECT_NE(std::find(second.begin(), second.end(), tokens[2]), second.end()) << tokens[2];
   EXPECT_EQ(tokens[3], -1);
-  rows.verifies[0].draft_probs.pop_back();
+  rows.verifies[0].draft_probs.remove_suffix(1);
   EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
-  rows.verifies[0].draft_probs.push_back(0.0f);
+  rows.verifies[0].draft_probs = q;
   rows.verifies[0].first_row = 2;  // its three rows pass the step's last
   EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
 }

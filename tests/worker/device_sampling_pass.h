@@ -96,24 +96,14 @@ class DeviceSamplingPass : public ForwardPass {
       sampler.Distribution(penalized.data() + (v.first_row + i) * vocab, {},
                            target.data() + i * vocab);
     }
-    const int32_t row_start[2] = {0, k + 1};
-    const uint8_t greedy = 0;
-    int32_t accepted = 0, next = 0;
-    kernels::cpu::SpeculativeVerifyParams p;
-    p.target_probs = target.data();
-    p.draft_probs = v.draft_probs.data();
-    p.draft_tokens = v.drafts.data();
-    p.uniforms = v.accept_uniforms.data();
-    p.sample_uniforms = v.sample_uniforms.data();
-    p.row_start = row_start;
-    p.greedy = &greedy;
-    p.num_seqs = 1;
-    p.vocab = vocab;
-    p.num_accepted = &accepted;
-    p.next_token = &next;
-    LOOM_RETURN_IF_ERROR(kernels::cpu::SpeculativeVerify(p));
+    LOOM_ASSIGN_OR_RETURN(const kernels::cpu::VerifiedDrafts verified,
+                          kernels::cpu::VerifySampledDrafts(target.data(), v.draft_probs.data(),
+                                                            v.drafts, v.accept_uniforms.data(),
+                                                            v.sample_uniforms.data(), vocab));
     for (int32_t i = 0; i <= k; ++i) {
-      tokens[v.first_row + i] = i < accepted ? v.drafts[i] : i == accepted ? next : -1;
+      tokens[v.first_row + i] = i < verified.accepted    ? v.drafts[i]
+                                : i == verified.accepted ? verified.next
+                                                         : -1;
     }
     return absl::OkStatus();
   }

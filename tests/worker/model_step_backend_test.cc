@@ -305,7 +305,7 @@ TEST_F(ModelStepBackendTest, DraftDistributionsAreVerifiedOnTheDeviceAsTheHostVe
     ASSERT_EQ(pass_->last_rows.verifies.size(), 1u);
     const DeviceSampleRows::DraftVerify& sent = pass_->last_rows.verifies[0];
     EXPECT_EQ(sent.first_row, 0);
-    EXPECT_EQ(sent.drafts, drafts);
+    EXPECT_EQ(std::vector<int32_t>(sent.drafts.begin(), sent.drafts.end()), drafts);
     EXPECT_EQ(sent.accept_uniforms.size(), drafts.size() + 1);
     EXPECT_EQ(pass_->device_steps, ++device_steps);
     emitted_counts.insert(emitted[0][0]);
