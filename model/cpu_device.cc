@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const CpuDeviceOpti
                       ? options.thread_pool
                       : std::make_shared<cpu::ThreadPool>(options.num_threads);
   device->kv_dtype_ = options.kv_dtype;
+  device->share_kv_pool_ = options.share_kv_pool;
   device->activations_ = options.activations;
   device->communicator_ = options.communicator;
   return device;
@@ -113,8 +114,9 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CpuDevice::UploadLinear(
 
 absl::StatusOr<std::unique_ptr<KvCache>> CpuDevice::CreateKvCache(
     const common::ModelConfig& config, int64_t num_blocks, int64_t block_size) {
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CpuKvCache> cache,
-                        CpuKvCache::Create(config, num_blocks, block_size, kv_dtype_));
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<CpuKvCache> cache,
+      CpuKvCache::Create(config, num_blocks, block_size, kv_dtype_, share_kv_pool_));
   return std::unique_ptr<KvCache>(std::move(cache));
 }
 

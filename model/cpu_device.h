@@ -27,6 +27,8 @@ struct CpuDeviceOptions {
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
   int num_threads = 2;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+  /// The KV pool in a memory file other processes map (CpuKvCache::Create's `shared`).
+  bool share_kv_pool = false;
   /// How linear layers over INT8/INT4 weights meet their input: exact F32, or int8 per
   /// 32 values with integer dot products. Float weights always use F32. Every step alike,
   /// so a sequence's logits never depend on its batch.
@@ -111,6 +113,7 @@ class CpuDevice : public Device {
 
   std::shared_ptr<kernels::cpu::ThreadPool> pool_;
   kernels::cpu::KvDtype kv_dtype_ = kernels::cpu::KvDtype::kF16;
+  bool share_kv_pool_ = false;
   kernels::cpu::ActivationPrecision activations_ = kernels::cpu::ActivationPrecision::kF32;
   Communicator* communicator_ = nullptr;
   ActivationObserver observer_;      // empty unless calibrating

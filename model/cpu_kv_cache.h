@@ -13,14 +13,19 @@ namespace loom::model {
 
 /// The CPU device's paged KV pool (model::KvCache in host memory): for every layer, K and
 /// V pools of `num_blocks` blocks of `block_size` token slots, F16, F32 or 8-bit codes with
-/// a BF16 scale per token and KV head (kernels/cpu/kv_dtype.h). Block ids are chosen by the
-/// coordinator (the block table's owner). Not thread-safe.
+/// a BF16 scale per token and KV head (kernels/cpu/kv_dtype.h), all in one mapping (each
+/// part on a cache line). Block ids are chosen by the coordinator (the block table's owner).
+/// Not thread-safe.
 class CpuKvCache : public KvCache {
  public:
-  /// Pool sized by block count. InvalidArgument for non-positive sizes.
+  /// Pool sized by block count. InvalidArgument for non-positive sizes. `shared`: the pool
+  /// lives in a memory file that other processes of this machine map to copy its blocks
+  /// (Share; worker/kv_pool_transfer), else in anonymous memory.
   static absl::StatusOr<std::unique_ptr<CpuKvCache>> Create(const common::ModelConfig& config,
                                                             int64_t num_blocks, int64_t block_size,
-                                                            kernels::cpu::KvDtype dtype);
+                                                            kernels::cpu::KvDtype dtype,
+                                                            bool shared = false);
+  ~CpuKvCache() override;
 
   /// Layer `index`'s K and V as the CPU kernels take them.
   kernels::cpu::KvLayerView layer(int64_t index) const;
@@ -34,6 +39,9 @@ class CpuKvCache : public KvCache {
   absl::Status LoadBlocks(absl::Span<const uint8_t* const> host,
                           absl::Span<const int32_t> blocks) const override;
   absl::Status SaveBlockLayer(int32_t block, int64_t layer, uint8_t* host) const override;
+  absl::StatusOr<KvPoolShare> Share() const override;
+  absl::Status CopyBlocksFromPeer(const PeerKvPool& peer, absl::Span<const int32_t> src_blocks,
+                                  absl::Span<const int32_t> dest_blocks) const override;
   kernels::cpu::KvDtype dtype() const { return dtype_; }
 
  private:
@@ -45,6 +53,8 @@ class CpuKvCache : public KvCache {
   // host layout (per layer: K, V, K scales, V scales).
   template <typename Copy>
   void ForEachPiece(int32_t block, Copy&& copy) const;
+  // Each part's bytes per block, in ForEachPiece's order.
+  std::vector<int64_t> PartBlockBytes() const;
 
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 0;
@@ -53,13 +63,18 @@ class CpuKvCache : public KvCache {
   // The values are the keys (multi-head latent attention): no V pools (v_ and v_scale_ empty).
   bool values_are_keys_ = false;
   kernels::cpu::KvDtype dtype_ = kernels::cpu::KvDtype::kF16;
-  // per layer: [num_blocks, block_size, kv_heads, head_dim]; mutable because a layer view
-  // is how the kernels both read and write the pool.
-  mutable std::vector<std::vector<uint8_t>> k_;
-  mutable std::vector<std::vector<uint8_t>> v_;
-  // 8-bit dtypes, per layer: [num_blocks, block_size, kv_heads] BF16 scales.
-  mutable std::vector<std::vector<uint16_t>> k_scale_;
-  mutable std::vector<std::vector<uint16_t>> v_scale_;
+  // The mapping every part lives in, and its memory file (-1: anonymous memory).
+  uint8_t* base_ = nullptr;
+  int64_t mapped_bytes_ = 0;  // its parts, each padded to a cache line
+  int64_t pool_bytes_ = 0;    // the parts' own bytes
+  int fd_ = -1;
+  // per layer: [num_blocks, block_size, kv_heads, head_dim] in the mapping, which a layer
+  // view both reads and writes.
+  std::vector<uint8_t*> k_;
+  std::vector<uint8_t*> v_;  // empty where the values are the keys
+  // 8-bit dtypes, per layer: [num_blocks, block_size, kv_heads] BF16 scales (else empty).
+  std::vector<uint16_t*> k_scale_;
+  std::vector<uint16_t*> v_scale_;
 };
 
 }  // namespace loom::model

@@ -248,29 +248,11 @@ absl::Status WaitForStream(cudaStream_t stream, Communicator* communicator) {
   return kc::SynchronizeStream(stream);
 }
 
-// Block b of a layer is one contiguous range of its K (and V, and their scales') pools; a
-// host slot holds them in the CPU pool's host layout (CudaKvCache::block_bytes). The copies go
-// on the device's stream (ordered after the steps already enqueued, before the next), then
-// one wait: whole slots through a staging area (CopyStaged), or, where the device has no
-// memory for it, one copy per piece (CopyPieces). Pinned host memory (RegisterHostMemory)
-// makes them DMA copies at the link's bandwidth; pageable memory is staged by the driver.
-template <typename Copy>
-absl::Status CudaKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
-  const int64_t values = block_value_bytes();
-  const int64_t scales = block_scale_bytes();
-  int64_t offset = 0;
-  for (size_t l = 0; l < k_.size(); ++l) {
-    LOOM_RETURN_IF_ERROR(copy(k_[l].data(), block * values, offset, values));
-    LOOM_RETURN_IF_ERROR(copy(v_[l].data(), block * values, offset + values, values));
-    offset += 2 * values;
-    if (scales > 0) {
-      LOOM_RETURN_IF_ERROR(copy(k_scale_[l].data(), block * scales, offset, scales));
-      LOOM_RETURN_IF_ERROR(copy(v_scale_[l].data(), block * scales, offset + scales, scales));
-      offset += 2 * scales;
-    }
-  }
-  return absl::OkStatus();
-}
+// The host tier's copies (CopyBlocks) go on the device's stream (ordered after the steps
+// already enqueued, before the next), then one wait: whole slots through a staging area
+// (CopyStaged), or, where the device has no memory for it, one copy per piece (CopyPieces).
+// Pinned host memory (RegisterHostMemory) makes them DMA copies at the link's bandwidth;
+// pageable memory is staged by the driver.
 
 // The copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream`, in stream order: batches of
 // cudaMemcpyBatchAsync (CUDA 12.8+: one call for thousands of pieces, where a call each cost
@@ -336,10 +318,7 @@ bool CudaKvCache::PrepareStaging() const {
       std::clamp<int64_t>(kStagingBytes / std::max<int64_t>(slot, 1), 1, kc::kKvBlockCopyMaxBlocks);
   // The pools in slot order, as ForEachPiece walks a block's pieces.
   std::vector<uint8_t*> bases;
-  (void)ForEachPiece(0, [&](void* pool, int64_t, int64_t, int64_t) {
-    bases.push_back(static_cast<uint8_t*>(pool));
-    return absl::OkStatus();
-  });
+  for (const Part& part : Parts()) bases.push_back(part.base);
   absl::StatusOr<kc::DeviceBuffer> staging = kc::DeviceBuffer::Allocate(slots * slot);
   absl::StatusOr<kc::DeviceBuffer> table =
       kc::DeviceBuffer::Allocate(bases.size() * sizeof(uint8_t*));

@@ -1,22 +1,26 @@
 #pragma once
 
-// CudaDevice's own types and limits, shared by its source files (model/cuda_device*.cc) and
-// included by nothing else.
+// CudaDevice's own types and limits, shared by its source files (model/cuda_device*.cc,
+// model/cuda_kv_pool_share.cc) and their tests, and included by nothing else.
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "model/communicator.h"
 #include "model/device.h"
+#include "model/kv_pool_share.h"
 
 namespace loom::model::cuda_detail {
 
@@ -58,6 +62,7 @@ absl::Status WaitForStream(cudaStream_t stream, Communicator* communicator);
 
 class CudaKvCache : public KvCache {
  public:
+  ~CudaKvCache() override;  // model/cuda_kv_pool_share.cc (its peer copies' stream)
   int64_t num_blocks() const override { return view_.num_blocks; }
   int64_t block_size() const override { return view_.block_size; }
   int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
@@ -99,7 +104,7 @@ class CudaKvCache : public KvCache {
   absl::Status RegisterHostMemory(void* host, int64_t bytes) const override;
   void UnregisterHostMemory(void* host) const override;
   // Calls copy(pool, byte offset in it, byte offset in the host slot, bytes) for each
-  // contiguous piece of `block` in host-layout order; stops at the first error.
+  // contiguous piece of `block` in host-layout order; stops at the first error (below).
   template <typename Copy>
   absl::Status ForEachPiece(int32_t block, Copy&& copy) const;
 
@@ -122,6 +127,34 @@ class CudaKvCache : public KvCache {
   // where the device has no memory for them.
   bool PrepareStaging() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_);
 
+  // One part of the pool, in host slot order (ForEachPiece's: per layer K, V, then K scales,
+  // V scales): its allocation (a cudaMalloc of its own) and the bytes of one block in it.
+  struct Part {
+    uint8_t* base = nullptr;
+    int64_t block_bytes = 0;
+  };
+  std::vector<Part> Parts() const;
+
+  // ---- pool-to-pool copies (model/cuda_kv_pool_share.cc; stubs without CUDA) ----
+  // Share: one CUDA IPC handle per part's allocation, made once (the pool never reallocates).
+  absl::StatusOr<KvPoolShare> Share() const override;
+  // OpenPeer: another process's handles opened on this pool's device (the share's device must be
+  // this one or a peer it can access); the PeerKvPool's keep closes them on this device.
+  absl::StatusOr<PeerKvPool> OpenPeer(const KvPoolShare& share) const override;
+  // CopyBlocksFromPeer: kernels/cuda/kv_block_copy's pool-to-pool kernel, kKvBlockCopyMaxBlocks
+  // blocks a launch, on peer_stream_ under copy_mu_, then waits for them. Not on stream_: a
+  // transfer runs on a gRPC thread while the step thread may be capturing a CUDA graph on
+  // stream_ (work enqueued there would join the graph); no step touches the blocks it writes
+  // (the worker waits for the plans that might have, worker/kv_pool_transfer).
+  absl::Status CopyBlocksFromPeer(const PeerKvPool& peer, absl::Span<const int32_t> src_blocks,
+                                  absl::Span<const int32_t> dest_blocks) const override;
+  // The launches of one CopyBlocksFromPeer: `bases` (the peer's part bases, then this pool's,
+  // [2 * parts]) uploaded to peer_table_ on peer_stream_ (made at the first call).
+  absl::Status LaunchPeerCopies(const std::vector<const uint8_t*>& bases,
+                                absl::Span<const int32_t> src_blocks,
+                                absl::Span<const int32_t> dest_blocks, int64_t peer_blocks) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_);
+
   // The most bytes of slots staged at once (at least one slot; at most kKvBlockCopyMaxBlocks).
   static constexpr int64_t kStagingBytes = int64_t{16} << 20;
   mutable absl::Mutex copy_mu_;  // one CopyBlocks at a time: they share staging_
@@ -129,6 +162,11 @@ class CudaKvCache : public KvCache {
   mutable kc::DeviceBuffer pool_table_ ABSL_GUARDED_BY(copy_mu_);  // the pools' bases, slot order
   mutable int64_t staging_slots_ ABSL_GUARDED_BY(copy_mu_) = 0;
   mutable bool staging_tried_ ABSL_GUARDED_BY(copy_mu_) = false;
+  // A peer copy's part bases on the device: the source pool's, then this pool's.
+  mutable kc::DeviceBuffer peer_table_ ABSL_GUARDED_BY(copy_mu_);
+  mutable cudaStream_t peer_stream_ ABSL_GUARDED_BY(copy_mu_) = nullptr;
+  mutable absl::Mutex share_mu_;  // Share's first call makes share_
+  mutable std::optional<KvPoolShare> share_ ABSL_GUARDED_BY(share_mu_);
 
   kc::KvCacheView view_;  // shape and dtype; k and v (and scales) per layer below
   std::vector<kc::DeviceBuffer> k_, v_;
@@ -137,6 +175,35 @@ class CudaKvCache : public KvCache {
   Communicator* communicator_ = nullptr;  // the device's (WaitForStream)
   int device_index_ = 0;           // the device the pool is on
 };
+
+// Block b of a layer is one contiguous range of each of its K and V (and their scales')
+// pools; a host slot holds them in the CPU pool's host layout (CudaKvCache::block_bytes).
+template <typename Copy>
+absl::Status CudaKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
+  const int64_t values = block_value_bytes();
+  const int64_t scales = block_scale_bytes();
+  int64_t offset = 0;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    LOOM_RETURN_IF_ERROR(copy(k_[l].data(), block * values, offset, values));
+    LOOM_RETURN_IF_ERROR(copy(v_[l].data(), block * values, offset + values, values));
+    offset += 2 * values;
+    if (scales > 0) {
+      LOOM_RETURN_IF_ERROR(copy(k_scale_[l].data(), block * scales, offset, scales));
+      LOOM_RETURN_IF_ERROR(copy(v_scale_[l].data(), block * scales, offset + scales, scales));
+      offset += 2 * scales;
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline std::vector<CudaKvCache::Part> CudaKvCache::Parts() const {
+  std::vector<Part> parts;
+  (void)ForEachPiece(0, [&](void* pool, int64_t, int64_t, int64_t size) {
+    parts.push_back({static_cast<uint8_t*>(pool), size});
+    return absl::OkStatus();
+  });
+  return parts;
+}
 
 inline const CudaLinear& AsCuda(const DeviceLinear& w) { return static_cast<const CudaLinear&>(w); }
 inline const CudaKvCache& AsCuda(const KvCache& c) { return static_cast<const CudaKvCache&>(c); }

@@ -13,6 +13,7 @@
 #include "common/formats/model_config.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/weights.h"
+#include "model/kv_pool_share.h"
 #include "model/tensor.h"
 
 namespace loom::model {
@@ -84,6 +85,29 @@ class KvCache {
   }
   /// Undoes RegisterHostMemory (before the memory is freed).
   virtual void UnregisterHostMemory(void* host) const { (void)host; }
+
+  // ---- pool-to-pool copies (worker/kv_pool_transfer) ----
+  /// How another process of this machine reads this pool's blocks (a CPU pool created in a
+  /// memory file, a CUDA pool through IPC); Unimplemented where it cannot.
+  virtual absl::StatusOr<KvPoolShare> Share() const {
+    return absl::UnimplementedError("this KV pool is not shared with other processes");
+  }
+  /// Opens another process's pool of kind kCudaIpc on this pool's device; Unimplemented
+  /// elsewhere (a memory file is mapped by its reader, worker/shared_kv_mappings).
+  virtual absl::StatusOr<PeerKvPool> OpenPeer(const KvPoolShare& share) const {
+    (void)share;
+    return absl::UnimplementedError("this KV pool cannot open another process's pool");
+  }
+  /// Overwrites block dest_blocks[i] (every layer) with block src_blocks[i] of `peer`, then
+  /// waits for the copies. The layouts must match part for part (the same model slice, KV
+  /// dtype and block size: FailedPrecondition otherwise); blocks outside either pool are
+  /// InvalidArgument, and nothing is copied then.
+  virtual absl::Status CopyBlocksFromPeer(const PeerKvPool& peer,
+                                          absl::Span<const int32_t> src_blocks,
+                                          absl::Span<const int32_t> dest_blocks) const {
+    (void)peer, (void)src_blocks, (void)dest_blocks;
+    return absl::UnimplementedError("this KV pool cannot copy from another process's pool");
+  }
 };
 
 /// One step's flattened batch in CSR form (worker::StepBatch's fields, validated by its

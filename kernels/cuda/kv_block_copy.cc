@@ -1,32 +1,54 @@
 #include "kernels/cuda/kv_block_copy.h"
 
+#include <cstring>
+
 #include "absl/strings/str_format.h"
 
 namespace loom::kernels::cuda {
+namespace {
+
+// The part layout both copies share: per layer K and V of value_bytes a block, then (8-bit KV,
+// 4 pools per layer) their scales of scale_bytes.
+absl::Status CheckPartShape(const char* kernel, int num_layers, int pools_per_layer,
+                            int64_t value_bytes, int64_t scale_bytes) {
+  if (num_layers < 1 || (pools_per_layer != 2 && pools_per_layer != 4)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: num_layers %d must be positive, pools_per_layer %d 2 or 4", kernel,
+                        num_layers, pools_per_layer));
+  }
+  if (value_bytes < 1 || (pools_per_layer == 4) != (scale_bytes > 0) || scale_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: value_bytes %d must be positive, scale_bytes %d positive exactly with "
+                        "4 pools per layer (%d)",
+                        kernel, value_bytes, scale_bytes, pools_per_layer));
+  }
+  if (int64_t{num_layers} * pools_per_layer > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: more than 2^31 pools", kernel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNumBlocks(const char* kernel, int num_blocks) {
+  if (num_blocks < 0 || num_blocks > kKvBlockCopyMaxBlocks) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: num_blocks %d not in [0, %d]", kernel,
+                                                      num_blocks, kKvBlockCopyMaxBlocks));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int64_t KvBlockCopySlotBytes(const KvBlockCopyParams& p) {
   return int64_t{p.num_layers} * 2 * (p.value_bytes + p.scale_bytes);
 }
 
 absl::Status CheckKvBlockCopyParams(const KvBlockCopyParams& p) {
-  if (p.num_layers < 1 || (p.pools_per_layer != 2 && p.pools_per_layer != 4)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KvBlockCopy: num_layers %d must be positive, pools_per_layer %d 2 or 4",
-                        p.num_layers, p.pools_per_layer));
+  if (absl::Status shape = CheckPartShape("KvBlockCopy", p.num_layers, p.pools_per_layer,
+                                          p.value_bytes, p.scale_bytes);
+      !shape.ok()) {
+    return shape;
   }
-  if (p.value_bytes < 1 || (p.pools_per_layer == 4) != (p.scale_bytes > 0) || p.scale_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "KvBlockCopy: value_bytes %d must be positive, scale_bytes %d positive exactly with "
-        "4 pools per layer (%d)",
-        p.value_bytes, p.scale_bytes, p.pools_per_layer));
-  }
-  if (p.num_blocks < 0 || p.num_blocks > kKvBlockCopyMaxBlocks) {
-    return absl::InvalidArgumentError(absl::StrFormat("KvBlockCopy: num_blocks %d not in [0, %d]",
-                                                      p.num_blocks, kKvBlockCopyMaxBlocks));
-  }
-  if (int64_t{p.num_layers} * p.pools_per_layer > 0x7fffffff) {
-    return absl::InvalidArgumentError("KvBlockCopy: more than 2^31 pools");
-  }
+  if (absl::Status count = CheckNumBlocks("KvBlockCopy", p.num_blocks); !count.ok()) return count;
   if (p.num_blocks > 0 && (p.pools == nullptr || p.staging == nullptr)) {
     return absl::InvalidArgumentError("KvBlockCopy: null pools or staging");
   }
@@ -39,10 +61,61 @@ absl::Status CheckKvBlockCopyParams(const KvBlockCopyParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CheckKvPoolCopyParams(const KvPoolCopyParams& p) {
+  if (absl::Status shape = CheckPartShape("KvPoolCopy", p.num_layers, p.pools_per_layer,
+                                          p.value_bytes, p.scale_bytes);
+      !shape.ok()) {
+    return shape;
+  }
+  if (absl::Status count = CheckNumBlocks("KvPoolCopy", p.num_blocks); !count.ok()) return count;
+  if (p.num_blocks > 0 && (p.src_parts == nullptr || p.dest_parts == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KvPoolCopy: null src_parts (%p) or dest_parts (%p)", static_cast<const void*>(p.src_parts),
+        static_cast<const void*>(p.dest_parts)));
+  }
+  for (int i = 0; i < p.num_blocks; ++i) {
+    if (p.src_blocks[i] < 0 || p.src_blocks[i] >= p.src_pool_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("KvPoolCopy: src_blocks[%d] %d outside the source pool's %d blocks", i,
+                          p.src_blocks[i], p.src_pool_blocks));
+    }
+    if (p.dest_blocks[i] < 0 || p.dest_blocks[i] >= p.dest_pool_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("KvPoolCopy: dest_blocks[%d] %d outside the destination pool's %d blocks",
+                          i, p.dest_blocks[i], p.dest_pool_blocks));
+    }
+    // Two thread blocks writing one block would race: at most 64 entries, so pairwise.
+    for (int j = 0; j < i; ++j) {
+      if (p.dest_blocks[j] == p.dest_blocks[i]) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "KvPoolCopy: dest_blocks[%d] %d repeats dest_blocks[%d]", i, p.dest_blocks[i], j));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPoolCopyOnHost(const KvPoolCopyParams& p) {
+  if (absl::Status status = CheckKvPoolCopyParams(p); !status.ok()) return status;
+  const int parts = p.num_layers * p.pools_per_layer;
+  for (int i = 0; i < p.num_blocks; ++i) {
+    for (int part = 0; part < parts; ++part) {
+      const int64_t size = part % p.pools_per_layer < 2 ? p.value_bytes : p.scale_bytes;
+      std::memcpy(p.dest_parts[part] + p.dest_blocks[i] * size,
+                  p.src_parts[part] + p.src_blocks[i] * size, static_cast<size_t>(size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 #if !LOOM_HAVE_CUDA
 absl::Status LaunchKvBlockCopy(const KvBlockCopyParams& params, cudaStream_t) {
   if (absl::Status status = CheckKvBlockCopyParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("KvBlockCopy: Loom was built without CUDA");
+}
+absl::Status LaunchKvPoolCopy(const KvPoolCopyParams& params, cudaStream_t) {
+  if (absl::Status status = CheckKvPoolCopyParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("KvPoolCopy: Loom was built without CUDA");
 }
 #endif
 

@@ -1,5 +1,6 @@
-// Whole KV blocks between a pool and a staging area in the host tier's slot layout: one thread
-// block per (pool, block) piece, 16-byte accesses when the piece allows them.
+// Whole KV blocks between a pool and a staging area in the host tier's slot layout, and from one
+// pool straight into another: one thread block per (pool part, block) piece, 16-byte accesses
+// when the piece allows them.
 #include <cstdint>
 
 #include "common/status_macros.h"
@@ -10,6 +11,32 @@ namespace loom::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// 16-byte loads each thread has in flight before it stores them: a peer GPU's memory (CUDA IPC
+// over NVLink) answers in microseconds, and one load at a time would leave the link idle.
+constexpr int kUnroll = 4;
+
+// The thread block copies `size` bytes from `src` to `dst`.
+__device__ __forceinline__ void CopyPiece(const uint8_t* src, uint8_t* dst, int64_t size) {
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
+        static_cast<uintptr_t>(size)) &
+       15) != 0) {
+    for (int64_t i = threadIdx.x; i < size; i += kThreads) dst[i] = src[i];
+    return;
+  }
+  const uint4* from = reinterpret_cast<const uint4*>(src);
+  uint4* to = reinterpret_cast<uint4*>(dst);
+  const int64_t words = size / 16;
+  int64_t i = threadIdx.x;
+  // Every load of a round before its stores (the compiler cannot hoist them: to may alias from).
+  for (; i + (kUnroll - 1) * kThreads < words; i += kUnroll * kThreads) {
+    uint4 staged[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) staged[u] = from[i + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) to[i + u * kThreads] = staged[u];
+  }
+  for (; i < words; i += kThreads) to[i] = from[i];
+}
 
 // blockIdx.x: pool p (layer p / pools_per_layer, part p % pools_per_layer: K, V, K scales,
 // V scales); blockIdx.y: entry i of the batch.
@@ -22,17 +49,15 @@ __global__ void __launch_bounds__(kThreads) KvBlockCopyKernel(const KvBlockCopyP
   uint8_t* pooled = p.pools[pool] + static_cast<int64_t>(p.blocks[entry]) * size;
   uint8_t* staged =
       p.staging + entry * slot_bytes + layer * 2 * (p.value_bytes + p.scale_bytes) + in_layer;
-  const uint8_t* src = p.to_staging ? pooled : staged;
-  uint8_t* dst = p.to_staging ? staged : pooled;
-  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
-        static_cast<uintptr_t>(size)) &
-       15) == 0) {
-    const uint4* from = reinterpret_cast<const uint4*>(src);
-    uint4* to = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < size / 16; i += kThreads) to[i] = from[i];
-    return;
-  }
-  for (int64_t i = threadIdx.x; i < size; i += kThreads) dst[i] = src[i];
+  CopyPiece(p.to_staging ? pooled : staged, p.to_staging ? staged : pooled, size);
+}
+
+// blockIdx.x: part p (in slot order, as above); blockIdx.y: entry i of the batch.
+__global__ void __launch_bounds__(kThreads) KvPoolCopyKernel(const KvPoolCopyParams p) {
+  const int part = blockIdx.x, entry = blockIdx.y;
+  const int64_t size = part % p.pools_per_layer < 2 ? p.value_bytes : p.scale_bytes;
+  CopyPiece(p.src_parts[part] + static_cast<int64_t>(p.src_blocks[entry]) * size,
+            p.dest_parts[part] + static_cast<int64_t>(p.dest_blocks[entry]) * size, size);
 }
 
 }  // namespace
@@ -44,6 +69,15 @@ absl::Status LaunchKvBlockCopy(const KvBlockCopyParams& p, cudaStream_t stream) 
                   static_cast<unsigned>(p.num_blocks));
   KvBlockCopyKernel<<<grid, kThreads, 0, stream>>>(p);
   return internal::CheckLaunch("KvBlockCopy");
+}
+
+absl::Status LaunchKvPoolCopy(const KvPoolCopyParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckKvPoolCopyParams(p));
+  if (p.num_blocks == 0) return absl::OkStatus();
+  const dim3 grid(static_cast<unsigned>(p.num_layers * p.pools_per_layer),
+                  static_cast<unsigned>(p.num_blocks));
+  KvPoolCopyKernel<<<grid, kThreads, 0, stream>>>(p);
+  return internal::CheckLaunch("KvPoolCopy");
 }
 
 }  // namespace loom::kernels::cuda

@@ -44,4 +44,38 @@ absl::Status CheckKvBlockCopyParams(const KvBlockCopyParams& params);
 /// CUDA.
 absl::Status LaunchKvBlockCopy(const KvBlockCopyParams& params, cudaStream_t stream);
 
+/// Whole KV blocks from one paged pool straight into another of the same layout (a
+/// pool-to-pool transfer, model::KvCache::CopyBlocksFromPeer): block src_blocks[i] of every
+/// source part into block dest_blocks[i] of the matching destination part. The parts, in slot
+/// order as above (per layer K, V, then K scales, V scales), hold value_bytes (K, V) or
+/// scale_bytes (scales) per block; a source part may be another process's memory mapped here
+/// through CUDA IPC, on this GPU or a peer. The two pools do not overlap.
+struct KvPoolCopyParams {
+  const uint8_t* const* src_parts = nullptr;  // device array [num_layers * pools_per_layer]
+  uint8_t* const* dest_parts = nullptr;       // device array [num_layers * pools_per_layer]
+  int num_layers = 0;                         // >= 1
+  int pools_per_layer = 2;                    // 2 (K, V) or 4 (8-bit KV: and their scales)
+  int64_t value_bytes = 0;                    // one block of a K or V part, > 0
+  int64_t scale_bytes = 0;       // one block of a scale part: > 0 with 4 pools per layer, else 0
+  int64_t src_pool_blocks = 0;   // blocks in each source part
+  int64_t dest_pool_blocks = 0;  // blocks in each destination part
+  int num_blocks = 0;            // in [0, kKvBlockCopyMaxBlocks]
+  int32_t src_blocks[kKvBlockCopyMaxBlocks] = {};   // each in [0, src_pool_blocks)
+  int32_t dest_blocks[kKvBlockCopyMaxBlocks] = {};  // each in [0, dest_pool_blocks), distinct
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run, a block id
+/// outside its pool, or a destination block written twice (checked here, on the host).
+absl::Status CheckKvPoolCopyParams(const KvPoolCopyParams& params);
+
+/// Asynchronous on `stream`, one thread block per (part, block) piece, 16-byte accesses where
+/// the piece's addresses and size allow; thread-safe (no state). FailedPrecondition without
+/// CUDA.
+absl::Status LaunchKvPoolCopy(const KvPoolCopyParams& params, cudaStream_t stream);
+
+/// The CPU reference of LaunchKvPoolCopy: the same copies, with src_parts and dest_parts host
+/// arrays of host pointers; CheckKvPoolCopyParams' error, and nothing copied, for what the
+/// launch refuses. Thread-safe.
+absl::Status KvPoolCopyOnHost(const KvPoolCopyParams& params);
+
 }  // namespace loom::kernels::cuda

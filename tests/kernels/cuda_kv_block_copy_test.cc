@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/kv_block_copy.h"
@@ -113,6 +115,122 @@ TEST(KvBlockCopyParamsTest, RefusesBadShapesAndBlocksOutsideThePools) {
   EXPECT_TRUE(CheckKvBlockCopyParams(p).ok());
 }
 
+KvPoolCopyParams GoodPoolCopy(uint8_t* const* src_parts, uint8_t* const* dest_parts) {
+  KvPoolCopyParams p;
+  p.src_parts = src_parts;
+  p.dest_parts = dest_parts;
+  p.num_layers = 1;
+  p.value_bytes = 64;
+  p.src_pool_blocks = 3;
+  p.dest_pool_blocks = 5;
+  p.num_blocks = 2;
+  p.src_blocks[0] = 2;
+  p.src_blocks[1] = 2;  // a source block may go to several destinations
+  p.dest_blocks[0] = 4;
+  p.dest_blocks[1] = 0;
+  return p;
+}
+
+TEST(KvBlockCopyParamsTest, PoolToPoolRefusesBadShapesBlocksOutsideEitherPoolAndRepeats) {
+  uint8_t* fake_parts[2] = {};
+  const KvPoolCopyParams good = GoodPoolCopy(fake_parts, fake_parts);
+  EXPECT_TRUE(CheckKvPoolCopyParams(good).ok());
+  auto refusal = [](const KvPoolCopyParams& p) { return CheckKvPoolCopyParams(p); };
+  KvPoolCopyParams p = good;
+  p.src_blocks[1] = 3;  // one past the source pool (the destination has 5)
+  EXPECT_EQ(refusal(p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refusal(p).message().find("src_blocks[1] 3"), std::string::npos) << refusal(p);
+  p = good;
+  p.dest_blocks[0] = 5;  // one past the destination pool
+  EXPECT_NE(refusal(p).message().find("dest_blocks[0] 5"), std::string::npos) << refusal(p);
+  p = good;
+  p.dest_blocks[1] = -1;
+  EXPECT_EQ(refusal(p).code(), absl::StatusCode::kInvalidArgument);
+  p = good;
+  p.dest_blocks[1] = 4;  // written twice
+  EXPECT_NE(refusal(p).message().find("repeats dest_blocks[0]"), std::string::npos) << refusal(p);
+  p = good;
+  p.num_blocks = kKvBlockCopyMaxBlocks + 1;
+  EXPECT_NE(refusal(p).message().find("num_blocks"), std::string::npos) << refusal(p);
+  p = good;
+  p.num_blocks = -1;
+  EXPECT_EQ(refusal(p).code(), absl::StatusCode::kInvalidArgument);
+  p = good;
+  p.pools_per_layer = 3;
+  EXPECT_NE(refusal(p).message().find("pools_per_layer 3"), std::string::npos) << refusal(p);
+  p = good;
+  p.num_layers = 0;
+  EXPECT_NE(refusal(p).message().find("num_layers 0"), std::string::npos) << refusal(p);
+  p = good;
+  p.pools_per_layer = 4;  // scales without scale bytes
+  EXPECT_NE(refusal(p).message().find("scale_bytes 0"), std::string::npos) << refusal(p);
+  p = good;
+  p.scale_bytes = 8;  // scale bytes without scale parts
+  EXPECT_NE(refusal(p).message().find("scale_bytes 8"), std::string::npos) << refusal(p);
+  p = good;
+  p.value_bytes = 0;
+  EXPECT_NE(refusal(p).message().find("value_bytes 0"), std::string::npos) << refusal(p);
+  p = good;
+  p.src_parts = nullptr;
+  EXPECT_NE(refusal(p).message().find("null src_parts"), std::string::npos) << refusal(p);
+  p.num_blocks = 0;  // nothing to move: no pointers needed
+  EXPECT_TRUE(CheckKvPoolCopyParams(p).ok());
+  p = good;
+  p.dest_parts = nullptr;
+  EXPECT_EQ(refusal(p).code(), absl::StatusCode::kInvalidArgument);
+  // The launch checks first, with or without CUDA.
+  p = good;
+  p.dest_blocks[1] = 4;
+  EXPECT_EQ(LaunchKvPoolCopy(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The reference itself, on parts whose every byte names its part and block: each destination
+// block of each part holds its source block of the same part, the other blocks are untouched,
+// and a refused copy writes nothing.
+TEST(KvBlockCopyParamsTest, PoolToPoolHostReferenceCopiesEachPartsBlockToItsDestination) {
+  constexpr int kLayers = 2, kPerLayer = 4;
+  constexpr int64_t kValue = 6, kScale = 2, kSrcBlocks = 3, kDestBlocks = 4;
+  std::vector<std::vector<uint8_t>> src(kLayers * kPerLayer), dest(kLayers * kPerLayer);
+  std::vector<uint8_t*> src_parts, dest_parts;
+  for (int part = 0; part < kLayers * kPerLayer; ++part) {
+    const int64_t piece = part % kPerLayer < 2 ? kValue : kScale;
+    for (int64_t b = 0; b < kSrcBlocks * piece; ++b) {
+      src[part].push_back(static_cast<uint8_t>(16 * part + b / piece));
+    }
+    dest[part].assign(kDestBlocks * piece, 0xee);
+    src_parts.push_back(src[part].data());
+    dest_parts.push_back(dest[part].data());
+  }
+  KvPoolCopyParams p;
+  p.src_parts = src_parts.data();
+  p.dest_parts = dest_parts.data();
+  p.num_layers = kLayers;
+  p.pools_per_layer = kPerLayer;
+  p.value_bytes = kValue;
+  p.scale_bytes = kScale;
+  p.src_pool_blocks = kSrcBlocks;
+  p.dest_pool_blocks = kDestBlocks;
+  p.num_blocks = 3;
+  const int32_t from[] = {2, 0, 2}, to[] = {0, 3, 1};
+  std::copy_n(from, 3, p.src_blocks);
+  std::copy_n(to, 3, p.dest_blocks);
+  ASSERT_TRUE(KvPoolCopyOnHost(p).ok());
+  for (int part = 0; part < kLayers * kPerLayer; ++part) {
+    const int64_t piece = part % kPerLayer < 2 ? kValue : kScale;
+    const int expected_block[kDestBlocks] = {2, 2, -1, 0};  // -1: untouched
+    for (int64_t b = 0; b < kDestBlocks * piece; ++b) {
+      const int block = expected_block[b / piece];
+      EXPECT_EQ(dest[part][b], block < 0 ? 0xee : 16 * part + block)
+          << "part " << part << " byte " << b;
+    }
+  }
+  const std::vector<std::vector<uint8_t>> before = dest;
+  p.src_blocks[0] = 1;           // would change destination block 0 ...
+  p.src_blocks[2] = kSrcBlocks;  // ... but the last entry is refused: nothing is written
+  EXPECT_EQ(KvPoolCopyOnHost(p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dest, before);
+}
+
 // Gathered slots equal the host layout byte for byte, and scattering them into other blocks of
 // zeroed pools puts each piece where it came from: 16-byte pieces (F16 K/V, 8-bit scales of 16
 // tokens) and pieces whose size or alignment needs the byte loop (scales of 3 tokens).
@@ -164,6 +282,67 @@ TEST(CudaKvBlockCopyTest, GatherAndScatterFollowTheHostSlotLayout) {
                     expected.begin() + targets[i] * piece);
       }
       EXPECT_EQ(got, expected) << "pool " << pool;
+    }
+  }
+}
+
+// Pool to pool: a full launch of kKvBlockCopyMaxBlocks entries (source blocks repeated,
+// destinations scattered) between random pools of different block counts equals the host
+// reference over the whole destination pool, bit for bit (the blocks not written keep their
+// random bytes): F16 K/V, 8-bit KV with its scales, pieces long enough for the unrolled 16-byte
+// rounds and their tail, and pieces that need the byte loop (scales of 3 tokens).
+TEST(CudaKvBlockCopyTest, PoolToPoolCopyMatchesTheHostReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  struct Case {
+    int layers, per_layer;
+    int64_t value_bytes, scale_bytes;
+  } cases[] = {{3, 2, 16 * 2 * 64 * 2, 0},
+               {2, 4, 16 * 2 * 64, 16 * 2 * 2},
+               {2, 2, 16 * 5 * 128 * 2, 0},  // 1,280 16-byte words: a 1,024-word round + tail
+               {2, 4, 3 * 64, 3 * 2}};
+  constexpr int64_t kSrcBlocks = 70, kDestBlocks = 90;
+  uint32_t seed = 60;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.value_bytes);
+    const Pools src =
+        MakePools(c.layers, c.per_layer, c.value_bytes, c.scale_bytes, kSrcBlocks, seed++);
+    const Pools dest =
+        MakePools(c.layers, c.per_layer, c.value_bytes, c.scale_bytes, kDestBlocks, seed++);
+    std::mt19937 rng(seed++);
+    std::vector<int32_t> dest_ids(kDestBlocks);
+    for (int64_t b = 0; b < kDestBlocks; ++b) dest_ids[b] = static_cast<int32_t>(b);
+    std::shuffle(dest_ids.begin(), dest_ids.end(), rng);
+    KvPoolCopyParams p;
+    p.num_layers = c.layers;
+    p.pools_per_layer = c.per_layer;
+    p.value_bytes = c.value_bytes;
+    p.scale_bytes = c.scale_bytes;
+    p.src_pool_blocks = kSrcBlocks;
+    p.dest_pool_blocks = kDestBlocks;
+    p.num_blocks = kKvBlockCopyMaxBlocks;
+    for (int i = 0; i < kKvBlockCopyMaxBlocks; ++i) {
+      p.src_blocks[i] = static_cast<int32_t>(rng() % kSrcBlocks);
+      p.dest_blocks[i] = dest_ids[i];
+    }
+    p.src_parts = static_cast<const uint8_t* const*>(src.table.data());
+    p.dest_parts = static_cast<uint8_t* const*>(dest.table.data());
+    ASSERT_TRUE(LaunchKvPoolCopy(p, nullptr).ok());
+
+    std::vector<std::vector<uint8_t>> expected = dest.host;
+    std::vector<uint8_t*> host_src, host_dest;
+    for (size_t part = 0; part < expected.size(); ++part) {
+      host_src.push_back(const_cast<uint8_t*>(src.host[part].data()));
+      host_dest.push_back(expected[part].data());
+    }
+    KvPoolCopyParams reference = p;
+    reference.src_parts = host_src.data();
+    reference.dest_parts = host_dest.data();
+    ASSERT_TRUE(KvPoolCopyOnHost(reference).ok());
+    for (size_t part = 0; part < expected.size(); ++part) {
+      std::vector<uint8_t> got(expected[part].size());
+      ASSERT_TRUE(dest.device[part].CopyToHost(got.data(), got.size()).ok());
+      EXPECT_EQ(got, expected[part]) << "part " << part;
+      EXPECT_NE(expected[part], dest.host[part]) << "part " << part << ": nothing was copied";
     }
   }
 }

@@ -1,0 +1,48 @@
+#include "model/kv_pool_share.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+
+namespace loom::model {
+
+absl::Status CheckPeerCopy(const PeerKvPool& peer, absl::Span<const int64_t> own_block_bytes,
+                           int64_t own_num_blocks, absl::Span<const int32_t> src_blocks,
+                           absl::Span<const int32_t> dest_blocks) {
+  if (src_blocks.size() != dest_blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d source blocks for %d destination blocks",
+                                                      src_blocks.size(), dest_blocks.size()));
+  }
+  if (peer.block_bytes.size() != own_block_bytes.size() ||
+      peer.bases.size() != own_block_bytes.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the source pool has %d parts, this one %d (another model or KV dtype)",
+                        peer.block_bytes.size(), own_block_bytes.size()));
+  }
+  for (size_t p = 0; p < own_block_bytes.size(); ++p) {
+    if (peer.block_bytes[p] != own_block_bytes[p]) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "part %d of a block is %d bytes in the source pool, %d here (another model, "
+          "tensor-parallel slice, block size or KV dtype)",
+          p, peer.block_bytes[p], own_block_bytes[p]));
+    }
+  }
+  absl::flat_hash_set<int32_t> written;
+  for (size_t i = 0; i < src_blocks.size(); ++i) {
+    if (src_blocks[i] < 0 || src_blocks[i] >= peer.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("source block %d is outside the source pool (%d blocks)", src_blocks[i],
+                          peer.num_blocks));
+    }
+    if (dest_blocks[i] < 0 || dest_blocks[i] >= own_num_blocks) {
+      return absl::InvalidArgumentError(absl::StrFormat("block %d is outside this pool (%d blocks)",
+                                                        dest_blocks[i], own_num_blocks));
+    }
+    if (!written.insert(dest_blocks[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("block %d is written twice", dest_blocks[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::model

@@ -1,0 +1,247 @@
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/types.h"
+#include "kernels/cuda_device.h"
+#include "model/cuda_device.h"
+#include "model/cuda_device_internal.h"
+#include "model/kv_pool_share.h"
+
+// CudaKvCache's pool-to-pool copies in one process: the source pool reached through its own
+// device pointers (a PeerKvPool built here, as OpenPeer builds one from another process's IPC
+// handles), checked against both pools' SaveBlocks; Share's answer and OpenPeer's refusals.
+// The copy between two processes is bench/kv_pool_transfer_bench's.
+
+namespace loom::model {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                         \
+    if (kernels::CudaDeviceCount() == 0) {                                     \
+      GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription(0); \
+    }                                                                          \
+  } while (0)
+
+common::ModelConfig SmallConfig() {
+  common::ModelConfig config;
+  config.num_layers = 3;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  return config;
+}
+
+std::unique_ptr<CudaDevice> MakeDevice(kernels::cuda::KvQuant quant) {
+  CudaDeviceOptions options;
+  options.kv_quant = quant;
+  absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(options);
+  EXPECT_TRUE(device.ok()) << device.status();
+  return device.ok() ? std::move(*device) : nullptr;
+}
+
+// `pool` as another pool of this process reaches it: its parts' device pointers, unopened.
+PeerKvPool LocalPeer(const KvCache& pool) {
+  PeerKvPool peer;
+  for (const cuda_detail::CudaKvCache::Part& part : cuda_detail::AsCuda(pool).Parts()) {
+    peer.bases.push_back(part.base);
+    peer.block_bytes.push_back(part.block_bytes);
+  }
+  peer.num_blocks = pool.num_blocks();
+  return peer;
+}
+
+// Every block of `pool` filled with random bytes (LoadBlocks), never zeros.
+void FillRandom(const KvCache& pool, uint32_t seed) {
+  const int64_t slot = pool.block_bytes();
+  std::vector<uint8_t> bytes(pool.num_blocks() * slot);
+  std::mt19937 rng(seed);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  std::vector<const uint8_t*> slots;
+  std::vector<int32_t> blocks;
+  for (int64_t b = 0; b < pool.num_blocks(); ++b) {
+    slots.push_back(bytes.data() + b * slot);
+    blocks.push_back(static_cast<int32_t>(b));
+  }
+  ASSERT_TRUE(pool.LoadBlocks(slots, blocks).ok());
+}
+
+// Every block of `pool` as SaveBlocks lays it out, block after block.
+std::vector<uint8_t> SaveAll(const KvCache& pool) {
+  const int64_t slot = pool.block_bytes();
+  std::vector<uint8_t> bytes(pool.num_blocks() * slot);
+  std::vector<uint8_t*> slots;
+  std::vector<int32_t> blocks;
+  for (int64_t b = 0; b < pool.num_blocks(); ++b) {
+    slots.push_back(bytes.data() + b * slot);
+    blocks.push_back(static_cast<int32_t>(b));
+  }
+  const absl::Status saved = pool.SaveBlocks(blocks, slots);
+  EXPECT_TRUE(saved.ok()) << saved;
+  return bytes;
+}
+
+// More blocks than one launch moves (source blocks repeated, destinations scattered) between
+// pools of different sizes: each destination block equals its source block bit for bit, F16
+// and 8-bit KV (its scales), and every other destination block keeps its bytes. Layouts that
+// differ and blocks outside either pool are refused with nothing copied.
+TEST(CudaKvPoolShareTest, CopyFromAnotherPoolMatchesBothPoolsSavedBlocks) {
+  SKIP_WITHOUT_GPU();
+  for (const kernels::cuda::KvQuant quant :
+       {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
+    SCOPED_TRACE(static_cast<int>(quant));
+    std::unique_ptr<CudaDevice> device = MakeDevice(quant);
+    ASSERT_NE(device, nullptr);
+    constexpr int64_t kSrcBlocks = 90, kDestBlocks = 150, kCopies = 140;
+    absl::StatusOr<std::unique_ptr<KvCache>> src =
+        device->CreateKvCache(SmallConfig(), kSrcBlocks, 16);
+    absl::StatusOr<std::unique_ptr<KvCache>> dest =
+        device->CreateKvCache(SmallConfig(), kDestBlocks, 16);
+    ASSERT_TRUE(src.ok() && dest.ok()) << src.status() << dest.status();
+    FillRandom(**src, 70);
+    FillRandom(**dest, 71);
+    const std::vector<uint8_t> source = SaveAll(**src), before = SaveAll(**dest);
+
+    std::mt19937 rng(72);
+    std::vector<int32_t> dest_blocks(kDestBlocks), src_blocks(kCopies);
+    for (int64_t b = 0; b < kDestBlocks; ++b) dest_blocks[b] = static_cast<int32_t>(b);
+    std::shuffle(dest_blocks.begin(), dest_blocks.end(), rng);
+    dest_blocks.resize(kCopies);
+    for (int32_t& b : src_blocks) b = static_cast<int32_t>(rng() % kSrcBlocks);
+    const PeerKvPool peer = LocalPeer(**src);
+
+    // Refused first: the pool is unchanged after each.
+    const std::vector<int32_t> outside = {static_cast<int32_t>(kSrcBlocks)}, zero = {0};
+    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, outside, zero).code(),
+              absl::StatusCode::kInvalidArgument);
+    const std::vector<int32_t> twice = {1, 2}, same = {3, 3};
+    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, twice, same).code(),
+              absl::StatusCode::kInvalidArgument);
+    PeerKvPool other_layout = peer;
+    other_layout.block_bytes[0] /= 2;
+    EXPECT_EQ((*dest)->CopyBlocksFromPeer(other_layout, zero, zero).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(SaveAll(**dest), before);
+
+    const absl::Status copied = (*dest)->CopyBlocksFromPeer(peer, src_blocks, dest_blocks);
+    ASSERT_TRUE(copied.ok()) << copied;
+    const std::vector<uint8_t> after = SaveAll(**dest);
+    const int64_t slot = (*dest)->block_bytes();
+    std::vector<bool> written(kDestBlocks, false);
+    for (int64_t i = 0; i < kCopies; ++i) {
+      written[dest_blocks[i]] = true;
+      ASSERT_EQ(std::memcmp(after.data() + dest_blocks[i] * slot,
+                            source.data() + src_blocks[i] * slot, slot),
+                0)
+          << "block " << src_blocks[i] << " -> " << dest_blocks[i];
+    }
+    for (int64_t b = 0; b < kDestBlocks; ++b) {
+      if (written[b]) continue;
+      ASSERT_EQ(std::memcmp(after.data() + b * slot, before.data() + b * slot, slot), 0)
+          << "block " << b << " was not to be written";
+    }
+  }
+}
+
+// Share names one IPC handle per part (K, V and, with 8-bit KV, their scales, per layer), each
+// its own allocation at offset 0, with the part's bytes per block, the pool's block count and
+// this device's 16-byte UUID; a second call answers the same.
+TEST(CudaKvPoolShareTest, ShareExportsEveryPartInSlotOrder) {
+  SKIP_WITHOUT_GPU();
+  for (const kernels::cuda::KvQuant quant :
+       {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
+    SCOPED_TRACE(static_cast<int>(quant));
+    std::unique_ptr<CudaDevice> device = MakeDevice(quant);
+    ASSERT_NE(device, nullptr);
+    absl::StatusOr<std::unique_ptr<KvCache>> pool = device->CreateKvCache(SmallConfig(), 20, 16);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    absl::StatusOr<KvPoolShare> share = (*pool)->Share();
+    if (!share.ok() && share.status().code() == absl::StatusCode::kFailedPrecondition) {
+      GTEST_SKIP() << "CUDA IPC unavailable on this machine: " << share.status();
+    }
+    ASSERT_TRUE(share.ok()) << share.status();
+    EXPECT_EQ(share->kind, KvPoolShare::Kind::kCudaIpc);
+    EXPECT_EQ(share->num_blocks, 20);
+    EXPECT_EQ(share->cuda_device_uuid.size(), 16u);
+    const PeerKvPool local = LocalPeer(**pool);
+    const size_t per_layer = quant == kernels::cuda::KvQuant::kNone ? 2 : 4;
+    ASSERT_EQ(share->parts.size(), 3 * per_layer);
+    ASSERT_EQ(share->cuda_ipc_handles.size(), share->parts.size());
+    std::set<std::string> distinct;
+    for (size_t p = 0; p < share->parts.size(); ++p) {
+      EXPECT_EQ(share->parts[p].allocation, static_cast<int32_t>(p));
+      EXPECT_EQ(share->parts[p].offset, 0);
+      EXPECT_EQ(share->parts[p].block_bytes, local.block_bytes[p]);
+      EXPECT_EQ(share->cuda_ipc_handles[p].size(), share->cuda_ipc_handles[0].size());
+      distinct.insert(share->cuda_ipc_handles[p]);
+    }
+    EXPECT_EQ(distinct.size(), share->parts.size());
+    const int64_t value_bytes = 16 * 2 * 64 * (quant == kernels::cuda::KvQuant::kNone ? 2 : 1);
+    EXPECT_EQ(share->parts[0].block_bytes, value_bytes);
+    absl::StatusOr<KvPoolShare> again = (*pool)->Share();
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->cuda_ipc_handles, share->cuda_ipc_handles);
+  }
+}
+
+// OpenPeer refuses a memory-file share, a malformed one and one from a device this process does
+// not see, before opening anything; whatever the driver answers to a process opening its own
+// handles, the next copy is not blamed for it (the error is cleared).
+TEST(CudaKvPoolShareTest, OpenPeerRefusesSharesItCannotOpen) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaDevice> device = MakeDevice(kernels::cuda::KvQuant::kNone);
+  ASSERT_NE(device, nullptr);
+  absl::StatusOr<std::unique_ptr<KvCache>> src = device->CreateKvCache(SmallConfig(), 8, 16);
+  absl::StatusOr<std::unique_ptr<KvCache>> dest = device->CreateKvCache(SmallConfig(), 8, 16);
+  ASSERT_TRUE(src.ok() && dest.ok()) << src.status() << dest.status();
+  absl::StatusOr<KvPoolShare> share = (*src)->Share();
+  if (!share.ok() && share.status().code() == absl::StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << "CUDA IPC unavailable on this machine: " << share.status();
+  }
+  ASSERT_TRUE(share.ok()) << share.status();
+
+  KvPoolShare file = *share;
+  file.kind = KvPoolShare::Kind::kHostFile;
+  EXPECT_EQ((*dest)->OpenPeer(file).status().code(), absl::StatusCode::kInvalidArgument);
+  KvPoolShare short_handle = *share;
+  short_handle.cuda_ipc_handles[1].pop_back();
+  EXPECT_EQ((*dest)->OpenPeer(short_handle).status().code(), absl::StatusCode::kInvalidArgument);
+  KvPoolShare bad_part = *share;
+  bad_part.parts[2].allocation = static_cast<int32_t>(bad_part.cuda_ipc_handles.size());
+  EXPECT_EQ((*dest)->OpenPeer(bad_part).status().code(), absl::StatusCode::kInvalidArgument);
+  KvPoolShare elsewhere = *share;
+  elsewhere.cuda_device_uuid.assign(16, '\xff');
+  const absl::Status unseen = (*dest)->OpenPeer(elsewhere).status();
+  EXPECT_EQ(unseen.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unseen.message().find("GPU-ffffffff-ffff-ffff-ffff-ffffffffffff"), std::string::npos)
+      << unseen;
+
+  absl::StatusOr<PeerKvPool> own = (*dest)->OpenPeer(*share);
+  if (own.ok()) {
+    // This driver maps a process's own handles: the copy through them must work too.
+    EXPECT_EQ(own->bases.size(), share->parts.size());
+  } else {
+    EXPECT_TRUE(own.status().code() == absl::StatusCode::kFailedPrecondition ||
+                own.status().code() == absl::StatusCode::kUnavailable)
+        << own.status();
+  }
+  FillRandom(**src, 80);
+  const std::vector<int32_t> from = {5, 0}, to = {1, 6};
+  const absl::Status copied =
+      (*dest)->CopyBlocksFromPeer(own.ok() ? *own : LocalPeer(**src), from, to);
+  ASSERT_TRUE(copied.ok()) << copied;
+  const std::vector<uint8_t> source = SaveAll(**src), after = SaveAll(**dest);
+  const int64_t slot = (*src)->block_bytes();
+  for (size_t i = 0; i < from.size(); ++i) {
+    EXPECT_EQ(std::memcmp(after.data() + to[i] * slot, source.data() + from[i] * slot, slot), 0);
+  }
+}
+
+}  // namespace
+}  // namespace loom::model
