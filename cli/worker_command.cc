@@ -299,6 +299,7 @@ StepBackendOptions BackendOptionsOf(const WorkerOptions& options, const Placemen
   backend_options.gpu_memory_utilization = options.gpu_memory_utilization.value_or(0.0);
   backend_options.num_threads = options.num_threads;
   backend_options.kv_dtype = options.kv_dtype;
+  backend_options.share_kv_pool = options.kv_pool_shared_memory;
   backend_options.activations = options.activations;
   backend_options.fp8_weights = options.quantization == "fp8";
   backend_options.fp8_checkpoints = options.quantization.empty();
@@ -667,6 +668,9 @@ int RunWorkerCommand(int argc, char** argv) {
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);
   loom::v1::RegisterRequest request = RegisterRequestFor(options, *served, **backend, num_blocks);
+  if (const model::KvCache* pool = (*backend)->kv_pool(); pool != nullptr && pool->Share().ok()) {
+    request.set_kv_pool_boot_id(worker::BootId());  // other workers read its blocks directly
+  }
   if (host_tier != nullptr) {
     request.set_num_host_kv_blocks(host_tier->num_slots());
     request.set_kv_load_seconds_per_block(load_seconds);

@@ -355,6 +355,11 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
             "pushed into it and pulled from it through shared memory; off: over TCP, as "
             "between machines");
   }
+  if (fresh("--kv-pool-shared-memory")) {
+    AddBool(app, "--kv-pool-shared-memory", options.kv_pool_shared_memory,
+            "cpu: the KV pool lives in a memory file that other workers of this machine copy "
+            "blocks straight out of (pool-to-pool transfers; a CUDA pool is shared through IPC)");
+  }
   if (fresh("--kv-cache-fraction")) {
     AddNumber(app, "--kv-cache-fraction", options.kv_cache_fraction, 1e-6, 1.0,
               "KV pool budget as a fraction of MemAvailable (cpu) or of the GPU memory free "

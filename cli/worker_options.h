@@ -59,6 +59,9 @@ struct WorkerOptions {
   // --[no-]kv-shared-memory: other workers of this machine may map the host tier (KV
   // hand-offs pushed into it or pulled from it); off: they go over TCP.
   bool kv_shared_memory = true;
+  // --kv-pool-shared-memory (cpu): the KV pool lives in a memory file other workers of this
+  // machine copy blocks straight out of (pool-to-pool transfers; CUDA pools share by IPC).
+  bool kv_pool_shared_memory = false;
   // --gpu-memory-utilization U (cuda): the share of the device's total memory the worker
   // may use, weights included (vLLM's meaning); the KV pool gets what is left of it.
   std::optional<double> gpu_memory_utilization;

@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
   device_options.thread_pool = options.thread_pool;
   device_options.num_threads = options.num_threads;
   device_options.kv_dtype = options.kv_dtype;
+  device_options.share_kv_pool = options.share_kv_pool;
   device_options.activations = options.activations;
   device_options.communicator = options.tp_size > 1 ? options.communicator : nullptr;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CpuDevice> device,

@@ -26,6 +26,7 @@ struct CpuForwardPassOptions {
   int64_t num_kv_blocks = 1024;  // pool size; the coordinator sizes it from a memory budget
   int64_t block_size = 16;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+  bool share_kv_pool = false;  // the pool in a memory file (model::CpuKvCache::Create)
   // How linear layers over INT8/INT4 weights (the LM head included) meet their input:
   // exact F32, or quantized to int8 per 32 values with integer dot products (VNNI where the
   // CPU has it; llama.cpp's CPU scheme). Float weights always use F32. Either choice is

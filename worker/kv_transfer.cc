@@ -42,6 +42,31 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
 
 }  // namespace
 
+grpc::Status WaitForKvStep(grpc::ServerContext* context, uint64_t step_id,
+                           const std::function<KvStepState(uint64_t)>& step_state) {
+  while (step_id > 0) {
+    const KvStepState state = step_state(step_id);
+    if (state == KvStepState::kRan) break;
+    if (state == KvStepState::kGone) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrFormat("step %d, which writes the blocks, will not run here (its copies "
+                          "failed, or it was planned before this worker's step stream began)",
+                          step_id));
+    }
+    if (context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
+    }
+    if (std::chrono::system_clock::now() > context->deadline()) {
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrFormat("step %d, which writes the blocks, did not run in time", step_id));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
                            const loom::v1::ReadKvBlocksRequest& request,
                            grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
@@ -57,25 +82,8 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
                         "tensor-parallel slice or KV dtype)",
                         request.slot_bytes(), tier->slot_bytes()));
   }
-  while (request.after_step_id() > 0) {
-    const KvStepState state = step_state(request.after_step_id());
-    if (state == KvStepState::kRan) break;
-    if (state == KvStepState::kGone) {
-      return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrFormat("step %d, which offloads the blocks, will not run here (its copies "
-                          "failed, or it was planned before this worker's step stream began)",
-                          request.after_step_id()));
-    }
-    if (context->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
-    }
-    if (std::chrono::system_clock::now() > context->deadline()) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrFormat("step %d, which offloads the blocks, did not run in time",
-                                          request.after_step_id()));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (grpc::Status ran = WaitForKvStep(context, request.after_step_id(), step_state); !ran.ok()) {
+    return ran;
   }
   loom::v1::KvBlockChunk chunk;
   if (request.offer_shared_memory() && tier->shared_fd() >= 0) {

@@ -38,6 +38,11 @@ enum class KvStepState {
              // stream (the coordinator lost this worker since; the slots may hold other data)
 };
 
+/// Waits until `step_state(step_id)` is kRan (0: at once), polled until the call's deadline:
+/// FAILED_PRECONDITION for a step that is kGone, CANCELLED / DEADLINE_EXCEEDED for the call.
+grpc::Status WaitForKvStep(grpc::ServerContext* context, uint64_t step_id,
+                           const std::function<KvStepState(uint64_t)>& step_state);
+
 /// The ReadKvBlocks side: waits until `step_state(after_step_id)` is kRan (the plan that
 /// offloaded the blocks ran; polled until the call's deadline), then writes every slot in
 /// chunks. FAILED_PRECONDITION for a step that is kGone, or a reader whose slot size

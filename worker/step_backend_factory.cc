@@ -60,6 +60,7 @@ CpuForwardPassOptions CpuForwardPassOptionsOf(const StepBackendOptions& options)
   pass_options.num_kv_blocks = options.num_kv_blocks;
   pass_options.block_size = options.block_size;
   pass_options.kv_dtype = options.kv_dtype;
+  pass_options.share_kv_pool = options.share_kv_pool;
   pass_options.activations = options.activations;
   SetParallelism(options, pass_options);
   pass_options.thread_pool = options.thread_pool;

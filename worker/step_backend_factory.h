@@ -42,6 +42,9 @@ struct StepBackendOptions {
   int num_threads = 2;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
+  // --kv-pool-shared-memory: the CPU pool lives in a memory file other workers of this
+  // machine copy blocks out of (worker/kv_pool_transfer; CUDA pools share through IPC).
+  bool share_kv_pool = false;
   // --quantization fp8: FP8 E4M3 weights on the GPU's FP8 tensor cores (CUDA only: the CPU
   // refuses it).
   bool fp8_weights = false;

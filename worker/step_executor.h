@@ -110,6 +110,13 @@ class StepExecutor {
   const StepBackend& backend() const { return backend_; }
   /// What the pool's full blocks hold (kept across Reset: the K/V stay in the pool).
   const KvBlockLedger& kv_ledger() const { return ledger_; }
+  /// Blocks written outside the steps (a pool-to-pool transfer): what the ledger recorded
+  /// for them is gone.
+  void ForgetKvBlocks(absl::Span<const int32_t> blocks) {
+    for (const int32_t block : blocks) {
+      if (block >= 0 && block < ledger_.num_blocks()) ledger_.Invalidate(block);
+    }
+  }
   /// The host KV tier the plans' copies run on (StepExecutorOptions::host_tier).
   KvHostTier* host_tier() const { return options_.host_tier; }
 

@@ -2,10 +2,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "loom/v1/worker.grpc.pb.h"
+#include "worker/kv_pool_fence.h"
+#include "worker/kv_transfer.h"
 #include "worker/step_executor.h"
 #include "worker/worker_metrics.h"
 
@@ -27,7 +31,8 @@ class WorkerService final : public loom::v1::Worker::Service {
       grpc::ServerReaderWriter<loom::v1::StepResult, loom::v1::StepPlan>* stream) override;
 
   /// The KV transfer (worker/kv_transfer): serves this worker's host-tier blocks, and
-  /// fetches another worker's into it. Neither waits for a running step.
+  /// fetches another worker's into it; with pool blocks named, the pool-to-pool transfer
+  /// (worker/kv_pool_transfer). Neither waits for a running step.
   grpc::Status ReadKvBlocks(grpc::ServerContext* context,
                             const loom::v1::ReadKvBlocksRequest* request,
                             grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) override;
@@ -69,6 +74,21 @@ class WorkerService final : public loom::v1::Worker::Service {
   // offloaded its blocks); 0 when a stream begins.
   std::atomic<uint64_t> last_step_id_{0};
   std::atomic<uint64_t> first_step_id_{0};  // the current step stream's first plan (0: none)
+  const model::KvCache* const pool_;        // the executor's backend's; null without one
+  // Pool-to-pool transfers' fence at stream changes (null: it could not be made, and pool
+  // transfers are refused).
+  std::unique_ptr<KvPoolFence> pool_fence_;
+
+  // Where a step stands for a reader waiting for it (ReadKvBlocks).
+  KvStepState StepState(uint64_t step_id) const;
+  // The step stream `stream_id` (0: none) owns the pool from now on: pool fetches planned
+  // before it stop, and readers of the pool discard what they copied meanwhile.
+  void FencePool(uint64_t stream_id);
+  // Pool fetches wrote these blocks: the KV ledger no longer knows what they hold.
+  void ForgetWrittenBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::atomic<uint64_t> stream_id_{0};  // the current step stream's (its metadata)
+  absl::Mutex written_mu_;
+  std::vector<int32_t> written_blocks_ ABSL_GUARDED_BY(written_mu_);
 };
 
 }  // namespace loom::worker
