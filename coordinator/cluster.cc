@@ -203,6 +203,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         endpoint.addresses.push_back(rank->worker_address());
         endpoint.kv_heads.push_back({rank->kv_head_begin(), rank->num_kv_heads()});
         endpoint.host_kv_shared.push_back(rank->host_kv_shared());
+        endpoint.kv_pool_boot_ids.push_back(rank->kv_pool_boot_id());
         // The replica's pool is what every rank can hold.
         endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
         endpoint.num_host_kv_blocks =
@@ -387,10 +388,7 @@ RouteDecision Cluster::Rank(absl::Span<Replica* const> candidates, int64_t promp
 
 Replica* Cluster::FetchSource(absl::Span<Replica* const> candidates, size_t chosen,
                               absl::Span<const engine::BlockHash> hashes) const {
-  if (options_.kv_fetch_min_blocks <= 0 || hashes.empty() ||
-      candidates[chosen]->host_tier_blocks() == 0) {
-    return nullptr;
-  }
+  if (options_.kv_fetch_min_blocks <= 0 || hashes.empty()) return nullptr;
   // The index, whatever the routing policy: which replica holds the most of the prefix.
   std::vector<std::string> ids;
   for (Replica* replica : candidates) ids.push_back(replica->replica_id());
@@ -399,9 +397,11 @@ Replica* Cluster::FetchSource(absl::Span<Replica* const> candidates, size_t chos
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (held[i] > held[best]) best = i;
   }
-  if (best == chosen || held[best] - held[chosen] < options_.kv_fetch_min_blocks ||
-      candidates[best]->host_tier_blocks() == 0 ||
-      candidates[best]->kv_layout() != candidates[chosen]->kv_layout()) {
+  if (best == chosen || held[best] - held[chosen] < options_.kv_fetch_min_blocks) return nullptr;
+  // Pool to pool (one machine, the same layout and heads), else through both host tiers.
+  if (!candidates[chosen]->ReadsPoolOf(*candidates[best]) &&
+      (candidates[chosen]->host_tier_blocks() == 0 || candidates[best]->host_tier_blocks() == 0 ||
+       candidates[best]->kv_layout() != candidates[chosen]->kv_layout())) {
     return nullptr;
   }
   {

@@ -119,7 +119,10 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     // A request of one token has nothing to decode: the prefill replica answers it.
     if (params.max_tokens > 1) {
       options.hand_off_to = target;
-      options.await_push_target = reserved != nullptr && reserved->kv_push_enabled();
+      // Pushed into the decode replica's tier as it is computed, unless that replica's
+      // workers copy it straight out of the prefill replica's pools afterwards.
+      options.await_push_target = reserved != nullptr && reserved->kv_push_enabled() &&
+                                  !reserved->PullsHandOffsFromPool(*prefill[index]);
     }
     // Read first: a worker lost right after the submission makes the answer stale.
     const uint64_t prefill_epoch = prefill[index]->connection_epoch();
@@ -153,6 +156,11 @@ void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source,
     // Pushed into the refusing replica's tier: another one pulls from the prefill replica
     // (its cache holds the prompt; this runs on its loop).
     target->ReleasePushHold(request->seq_id(), /*hold_id=*/0);  // its current one
+    options.export_reply = source->ExportForHandOff(*request);
+  } else if (!options.export_reply->pool_blocks.empty()) {
+    // Held in the prefill replica's pool for the refusing replica: the others may not read
+    // that pool, so the blocks go through its host tier instead.
+    source->ReleaseExport(options.export_reply->export_id);
     options.export_reply = source->ExportForHandOff(*request);
   }
   const uint64_t export_id = options.export_reply->export_id;

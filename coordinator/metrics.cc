@@ -120,6 +120,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                       .Help("Prefixes fetched from another replica's host tier instead of "
                             "recomputed.")
                       .Register(*registry_)),
+      kv_pool_fetches_(BuildCounter()
+                           .Name("loom_kv_pool_fetches_total")
+                           .Help("KV transfers from another replica (prefix fetches and "
+                                 "disaggregated hand-offs) copied straight out of its pools "
+                                 "into this replica's: shared memory or CUDA IPC, no host tier.")
+                           .Register(*registry_)),
       kv_fetch_failures_(BuildCounter()
                              .Name("loom_kv_fetch_failures_total")
                              .Help("Prefix fetches from another replica that failed (the "
@@ -474,8 +480,14 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_kv_blocks_reloaded()));
       mirror(host_hits_.Add(labels), last_host_hits_, replica.replica_id(),
              static_cast<double>(replica.num_host_hit_tokens()));
+    }
+    // Fetches go into the host tier, or pool to pool without one.
+    if (replica.num_host_kv_blocks() > 0 || replica.num_kv_fetches() > 0 ||
+        replica.num_kv_fetch_failures() > 0) {
       mirror(kv_fetches_.Add(labels), last_fetches_, replica.replica_id(),
              static_cast<double>(replica.num_kv_fetches()));
+      mirror(kv_pool_fetches_.Add(labels), last_pool_fetches_, replica.replica_id(),
+             static_cast<double>(replica.num_kv_pool_fetches()));
       mirror(kv_fetch_failures_.Add(labels), last_fetch_failures_, replica.replica_id(),
              static_cast<double>(replica.num_kv_fetch_failures()));
       mirror(kv_fetched_blocks_.Add(labels), last_fetched_blocks_, replica.replica_id(),

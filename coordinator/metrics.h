@@ -110,6 +110,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& kv_reloaded_;
   prometheus::Family<prometheus::Counter>& host_hits_;
   prometheus::Family<prometheus::Counter>& kv_fetches_;
+  prometheus::Family<prometheus::Counter>& kv_pool_fetches_;
   prometheus::Family<prometheus::Counter>& kv_fetch_failures_;
   prometheus::Family<prometheus::Counter>& kv_fetched_blocks_;
   prometheus::Family<prometheus::Counter>& handoffs_;
@@ -154,6 +155,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   std::map<std::string, double> last_preemptions_, last_steps_, last_tokens_;
   std::map<std::string, double> last_offloaded_, last_reloaded_, last_host_hits_;
   std::map<std::string, double> last_fetches_, last_fetch_failures_, last_fetched_blocks_;
+  std::map<std::string, double> last_pool_fetches_;
   std::map<std::string, double> last_handoffs_out_, last_handoffs_in_, last_handoff_failures_,
       last_prefills_kept_local_, last_handoffs_pushed_;
   // cache_config_info's labels per replica, to replace the series when they change.

@@ -304,6 +304,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     return false;
   }
   connection_ = *std::move(connection);
+  stream_first_step_id_ = next_step_id_;
   engine::SchedulerConfig config;
   config.block_size = endpoint.block_size;
   config.num_blocks = endpoint.num_kv_blocks;
@@ -367,6 +368,12 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
             ? absl::StrFormat("%d ranks in %d stages, ", endpoint.addresses.size(), stages)
             : "",
         endpoint.block_size, endpoint.kv_dtype);
+    pool_machine_.clear();
+    if (!endpoint.kv_pool_boot_ids.empty() &&
+        std::all_of(endpoint.kv_pool_boot_ids.begin(), endpoint.kv_pool_boot_ids.end(),
+                    [&](const std::string& id) { return id == endpoint.kv_pool_boot_ids[0]; })) {
+      pool_machine_ = endpoint.kv_pool_boot_ids[0];
+    }
     stats_.set_max_plans_in_flight(plans_in_flight_);
     liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());
     healthy_.store(true);
@@ -437,7 +444,7 @@ void Replica::AdmitInbox() {
     // A prefix another replica holds is fetched first (replica_kv_fetch.cc), when fetches
     // as measured so far beat recomputing it; a hand-off's KV always is.
     if (placement.fetch_source != nullptr && !inbox[i]->cancelled() &&
-        (placement.handed_off || FetchPays(*inbox[i]))) {
+        (placement.handed_off || FetchPays(*inbox[i], *placement.fetch_source))) {
       const bool exported = placement.export_reply.has_value();
       const uint64_t fetch_id = StartFetch(std::move(inbox[i]), placement.fetch_source,
                                            placement.handed_off, /*ask=*/!exported);
@@ -714,11 +721,13 @@ void Replica::PublishStats() {
       stats_.set_num_kv_blocks_reloaded(tier->num_promoted());
       stats_.set_num_host_hit_tokens(static_cast<uint64_t>(scheduler.num_host_tokens_admitted()));
       stats_.set_num_kv_copies_queued(num_kv_copies_queued_);
-      stats_.set_num_kv_fetches(num_kv_fetches_);
-      stats_.set_num_kv_fetch_failures(num_kv_fetch_failures_);
-      stats_.set_num_kv_fetched_blocks(num_kv_fetched_blocks_);
-      stats_.set_kv_fetch_seconds(kv_fetch_seconds_);
     }
+    // Fetches into the host tier, or pool to pool without one.
+    stats_.set_num_kv_fetches(num_kv_fetches_);
+    stats_.set_num_kv_pool_fetches(num_kv_pool_fetches_);
+    stats_.set_num_kv_fetch_failures(num_kv_fetch_failures_);
+    stats_.set_num_kv_fetched_blocks(num_kv_fetched_blocks_);
+    stats_.set_kv_fetch_seconds(kv_fetch_seconds_);
     stats_.set_num_handoffs_out(num_handoffs_out_);
     stats_.set_num_handoffs_pushed(num_handoffs_pushed_);
     stats_.set_num_handoffs_in(num_handoffs_in_);

@@ -85,6 +85,9 @@ struct WorkerEndpoint {
   // Per rank: its host tier as another worker of its machine maps it (a KV push's
   // destination); boot_id empty where it has none.
   std::vector<loom::v1::SharedKvMemory> host_kv_shared;
+  // Per rank: the boot id of its machine where other workers there read its KV pool's
+  // blocks directly (pool-to-pool transfers); empty where they cannot.
+  std::vector<std::string> kv_pool_boot_ids;
   std::string kv_dtype;                    // as registered
   // The KV blocks the workers still hold (coordinator/kv_cache_report), for the new block
   // table to adopt; null or empty: it starts cold.
@@ -103,7 +106,8 @@ struct KvExport {
   std::vector<std::string> addresses;  // the source's ranks
   std::vector<KvHeadRange> kv_heads;   // and the KV heads each holds
   std::string kv_layout;               // the source's kv_layout()
-  std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier
+  std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier,
+  std::vector<int32_t> pool_blocks;    // or in its pool (a pool-to-pool transfer)
   uint64_t after_step_id = 0;          // the source step that writes them
   Replica* source = nullptr;
   // A hand-off whose KV the prefill workers pushed into this decode replica's tier as they
@@ -194,6 +198,15 @@ class Replica {
   /// Whether prefill replicas may push hand-offs' KV into this one's host tier (--kv-push).
   bool kv_push_enabled() const { return options_.kv_push; }
   std::string kv_layout() const;
+  /// Whether this replica's workers can copy blocks straight out of `source`'s pools
+  /// (worker/kv_pool_transfer): both replicas' pools are shared on one machine, in the
+  /// same layout and the same KV heads rank for rank.
+  bool ReadsPoolOf(const Replica& source) const;
+  /// Disaggregated serving: whether hand-offs from `prefill` reach this (decode) replica
+  /// pool to pool after their first token instead of being pushed into its host tier as
+  /// they are computed: where it ReadsPoolOf(prefill) and its pools are on GPUs (device
+  /// to device beats two trips over the host link), or pushes are off.
+  bool PullsHandOffsFromPool(const Replica& prefill) const;
 
   // ---- messages between replicas' loops (cross-replica prefix fetch) ----
   /// Asks this replica (the source) to hold `request`'s cached prefix in its host tier
@@ -357,11 +370,15 @@ class Replica {
   // Returns the fetch's id; `ask`: ask the source for an export (else one comes with it).
   uint64_t StartFetch(std::shared_ptr<engine::Request> request, Replica* source, bool handed_off,
                       bool ask = true);
-  // The source side of an export: holds `request`'s cached prefix in the host tier (blocks
-  // only in the pool are copied out by the next plan) and says where (reason set: nothing).
-  KvExport Export(const engine::Request& request, uint64_t fetch_id);
-  // Whether fetching `request`'s prefix (as fetches measured so far) beats recomputing it.
-  bool FetchPays(const engine::Request& request) const;
+  // The source side of an export: holds `request`'s cached prefix for `reader` (null:
+  // unknown) to fetch: in this replica's pool where `reader` reads it (ReadsPoolOf), else in
+  // the host tier (blocks only in the pool are copied out by the next plan); says where
+  // (reason set: nothing).
+  KvExport Export(const engine::Request& request, uint64_t fetch_id,
+                  const Replica* reader = nullptr);
+  // Whether fetching `request`'s prefix from `source` (as fetches measured so far) beats
+  // recomputing it.
+  bool FetchPays(const engine::Request& request, const Replica& source) const;
   // Admits into the engine (a refusal ends the request); `hand_off_to`: prefill it only.
   void AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to = nullptr);
   // local_prefill_limit() by the options, `cost` and the hand-offs measured so far.
@@ -461,6 +478,8 @@ class Replica {
     absl::Time started;
     bool fetching = false;  // the workers are pulling the blocks
     uint64_t hold_id = 0;   // named to them (FetchKvBlocksRequest.hold_id)
+    // A pool-to-pool transfer: the pool blocks held for it (import then holds no slots).
+    std::vector<int32_t> pool_import;
     bool handed_off = false;  // SubmitOptions::handed_off
     // Slots reserved, the pull not started: a plan sent (or to be sent) may still copy
     // into or out of them (import.last_copy_plan), so the workers write them only once
@@ -518,6 +537,8 @@ class Replica {
   int64_t reserved_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t held_for_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::string kv_layout_ ABSL_GUARDED_BY(mu_);
+  // The machine (boot id) on which other workers read every rank's pool; empty: not all.
+  std::string pool_machine_ ABSL_GUARDED_BY(mu_);
   // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
   // answers, finished fetches, exports to release.
   absl::flat_hash_map<const engine::Request*, SubmitOptions> placements_ ABSL_GUARDED_BY(mu_);
@@ -550,8 +571,12 @@ class Replica {
   absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
   uint64_t next_fetch_id_ = 1;
   absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> exports_;
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> pool_exports_;  // their pool blocks
   // Fetched prefixes held for their requests (by sequence id) until they are admitted.
   absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> import_holds_;
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> pool_import_holds_;
+  // The first step id of the current connection (plans before it went to another stream).
+  uint64_t stream_first_step_id_ = 1;
   // KV pushes, decode side: slots held per sequence for its prefill replica to push into,
   // and pushed slots the next plan tells the workers about; prefill side: the targets.
   struct PushHold {
@@ -598,6 +623,7 @@ class Replica {
   uint64_t num_handoffs_pushed_ = 0;
   uint64_t next_export_id_ = 1;
   uint64_t num_kv_fetches_ = 0, num_kv_fetch_failures_ = 0, num_kv_fetched_blocks_ = 0;
+  uint64_t num_kv_pool_fetches_ = 0;  // of num_kv_fetches_: pool to pool
   // Disaggregated serving: prefill-only requests' decode replicas (by sequence id), those
   // the engine core handed back after their first token, and the hand-offs so far.
   absl::flat_hash_map<uint64_t, Replica*> hand_off_targets_;

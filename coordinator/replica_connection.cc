@@ -1,9 +1,14 @@
 #include "coordinator/replica_connection.h"
 
+#include <algorithm>
+#include <random>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/cluster_secret.h"
+#include "common/step_stream.h"
 
 namespace loom::coordinator {
 
@@ -18,6 +23,10 @@ absl::StatusOr<std::unique_ptr<ReplicaConnection>> ReplicaConnection::Connect(
   }
   std::unique_ptr<ReplicaConnection> connection(new ReplicaConnection(std::move(on_event)));
   connection->first_sampling_rank_ = first_sampling_rank;
+  std::random_device entropy;
+  std::mt19937_64 random((uint64_t{entropy()} << 32) ^ entropy() ^
+                         static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  connection->stream_id_ = std::max<uint64_t>(random(), 1);
   connection->ranks_.resize(addresses.size());
   for (size_t r = 0; r < addresses.size(); ++r) {
     Rank& rank = connection->ranks_[r];
@@ -31,6 +40,8 @@ absl::StatusOr<std::unique_ptr<ReplicaConnection>> ReplicaConnection::Connect(
     }
     rank.stub = loom::v1::Worker::NewStub(rank.channel);
     rank.context = std::make_unique<grpc::ClientContext>();
+    rank.context->AddMetadata(common::kStepStreamIdMetadata,
+                              std::to_string(connection->stream_id_));
     rank.stream = rank.stub->Step(rank.context.get());
   }
   // Readers start only once every stream exists (a failure cancels them all).

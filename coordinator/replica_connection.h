@@ -44,6 +44,9 @@ class ReplicaConnection {
   ~ReplicaConnection();  // Cancel()s and joins the readers
 
   int world_size() const { return static_cast<int>(ranks_.size()); }
+  /// This connection's id, sent with every rank's Step call (common/step_stream.h): random,
+  /// so no other connection (of this coordinator or an earlier one) has it.
+  uint64_t stream_id() const { return stream_id_; }
   /// Sends `plan` to every rank; false when a stream is broken (a failure event follows).
   bool Write(const loom::v1::StepPlan& plan);
   /// Ends every stream (the readers then report `reason` unless a failure came first).
@@ -77,6 +80,7 @@ class ReplicaConnection {
   EventFn on_event_;
   std::vector<Rank> ranks_;
   int first_sampling_rank_ = 0;
+  uint64_t stream_id_ = 0;
   absl::Mutex mu_;
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by step id
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

@@ -90,7 +90,7 @@ void Replica::HandOffPrefilled() {
       exported.pushed = true;
       exported.source = this;
     } else {
-      exported = Export(*request, /*fetch_id=*/0);
+      exported = Export(*request, /*fetch_id=*/0, decode);
     }
     hand_off_(std::move(request), this, decode, std::move(exported));
   }

@@ -102,12 +102,21 @@ void Replica::FetchCalls::Remove(grpc::ClientContext* context) {
 
 namespace {
 
-// Each rank of the destination pulls its KV heads from the source ranks holding them.
+// Where a pool-to-pool transfer writes: blocks of the destination's pools, once the
+// destination ran `step_id` (0: none to wait for), under its step stream `stream_id`.
+struct PoolDestination {
+  bool pool = false;  // else the destination's host-tier slots
+  uint64_t step_id = 0;
+  uint64_t stream_id = 0;
+};
+
+// Each rank of the destination pulls its KV heads from the source ranks holding them:
+// `dest` are host-tier slots, or pool blocks (`pool.pool`: the same heads rank for rank).
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
                               const std::vector<KvHeadRange>& dest_heads,
-                              const Replica::ExportReply& reply,
-                              const std::vector<int32_t>& dest_slots, uint64_t hold_id,
-                              absl::Duration timeout, Replica::FetchCalls& calls) {
+                              const Replica::ExportReply& reply, const std::vector<int32_t>& dest,
+                              const PoolDestination& pool, uint64_t hold_id, absl::Duration timeout,
+                              Replica::FetchCalls& calls) {
   std::vector<loom::v1::FetchKvBlocksRequest> requests(destinations.size());
   for (size_t r = 0; r < destinations.size(); ++r) {
     const std::vector<size_t> sources = SourceRanks(dest_heads, reply.kv_heads, r);
@@ -116,15 +125,22 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
           absl::StrFormat("no rank of the source holds the KV heads of rank %d", r));
     }
     loom::v1::FetchKvBlocksRequest& request = requests[r];
+    const std::vector<int32_t>& from = pool.pool ? reply.pool_blocks : reply.slots;
     for (size_t s : sources) {
       loom::v1::KvBlockSource* source = request.add_sources();
       source->set_address(reply.addresses[s]);
-      source->mutable_slots()->Add(reply.slots.begin(),
-                                   reply.slots.begin() + static_cast<ptrdiff_t>(dest_slots.size()));
+      (pool.pool ? source->mutable_pool_blocks() : source->mutable_slots())
+          ->Add(from.begin(), from.begin() + static_cast<ptrdiff_t>(dest.size()));
       source->set_kv_head_begin(reply.kv_heads[s].begin);
       source->set_num_kv_heads(reply.kv_heads[s].count);
     }
-    request.mutable_dest_slots()->Add(dest_slots.begin(), dest_slots.end());
+    if (pool.pool) {
+      request.mutable_dest_blocks()->Add(dest.begin(), dest.end());
+      request.set_dest_step_id(pool.step_id);
+      request.set_dest_stream_id(pool.stream_id);
+    } else {
+      request.mutable_dest_slots()->Add(dest.begin(), dest.end());
+    }
     request.set_after_step_id(reply.after_step_id);
     request.set_hold_id(hold_id);
     request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
@@ -163,6 +179,30 @@ std::string Replica::kv_layout() const {
   return kv_layout_;
 }
 
+bool Replica::ReadsPoolOf(const Replica& source) const {
+  if (&source == this) return false;
+  std::string machine, layout;
+  std::vector<KvHeadRange> heads;
+  {
+    absl::MutexLock lock(&source.mu_);
+    machine = source.pool_machine_;
+    layout = source.kv_layout_;
+    heads = source.endpoint_.kv_heads;
+  }
+  absl::MutexLock lock(&mu_);
+  if (machine.empty() || machine != pool_machine_ || layout != kv_layout_ ||
+      heads.size() != endpoint_.kv_heads.size()) {
+    return false;
+  }
+  for (size_t r = 0; r < heads.size(); ++r) {
+    if (heads[r].begin != endpoint_.kv_heads[r].begin ||
+        heads[r].count != endpoint_.kv_heads[r].count) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void Replica::AskExport(Replica* requester, uint64_t fetch_id,
                         std::shared_ptr<engine::Request> request) {
   absl::MutexLock lock(&mu_);
@@ -182,9 +222,9 @@ void Replica::ReleaseExport(uint64_t export_id) {
   wake_ = true;
 }
 
-bool Replica::FetchPays(const engine::Request& request) const {
+bool Replica::FetchPays(const engine::Request& request, const Replica& source) const {
   const engine::Scheduler& scheduler = engine_->scheduler();
-  if (scheduler.host_tier() == nullptr) return false;
+  if (scheduler.host_tier() == nullptr && !ReadsPoolOf(source)) return false;
   // The fetches so far, per block they brought (0 before the first: fetch), against the
   // step cost model's time to recompute the prompt's blocks.
   const double seconds_per_block =
@@ -210,7 +250,16 @@ uint64_t Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* 
   return fetch_id;
 }
 
-KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id) {
+bool Replica::PullsHandOffsFromPool(const Replica& prefill) const {
+  bool device_pools = false;
+  {
+    absl::MutexLock lock(&mu_);
+    device_pools = endpoint_.backend == "cuda";
+  }
+  return (device_pools || !options_.kv_push) && ReadsPoolOf(prefill);
+}
+
+KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id, const Replica* reader) {
   engine::Scheduler& scheduler = engine_->scheduler();
   KvExport reply;
   reply.fetch_id = fetch_id;
@@ -223,6 +272,26 @@ KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id) {
   const size_t usable = std::min(
       hashes.size(),
       static_cast<size_t>(std::max<int64_t>(0, (known - 1) / std::max(block_size_.load(), 1))));
+  auto where = [&] {
+    absl::MutexLock lock(&mu_);
+    reply.addresses = endpoint_.addresses;
+    reply.kv_heads = endpoint_.kv_heads;
+    reply.kv_layout = kv_layout_;
+  };
+  // The reader copies straight out of this replica's pools: the blocks are only held.
+  if (reader != nullptr && reader->ReadsPoolOf(*this)) {
+    std::vector<int32_t> blocks =
+        scheduler.HoldPoolPrefix(absl::MakeConstSpan(hashes).first(usable),
+                                 request.params().prompt_ids, request.params().cache_salt);
+    if (!blocks.empty()) {
+      reply.export_id = next_export_id_++;
+      where();
+      reply.pool_blocks = blocks;
+      reply.after_step_id = next_step_id_ - 1;  // the plans that computed them were sent
+      pool_exports_[reply.export_id] = std::move(blocks);
+      return reply;
+    }
+  }
   engine::Scheduler::HeldSlots held =
       scheduler.ExportPrefix(absl::MakeConstSpan(hashes).first(usable), request.params().prompt_ids,
                              request.params().cache_salt);
@@ -231,12 +300,7 @@ KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id) {
     return reply;
   }
   reply.export_id = next_export_id_++;
-  {
-    absl::MutexLock lock(&mu_);
-    reply.addresses = endpoint_.addresses;
-    reply.kv_heads = endpoint_.kv_heads;
-    reply.kv_layout = kv_layout_;
-  }
+  where();
   reply.slots = held.slots;
   // The plan that carries the copies is the next one; else what is queued already ran or
   // runs in the plans sent so far.
@@ -277,16 +341,26 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
   engine::Scheduler& scheduler = engine_->scheduler();
   const engine::Request& request = *pending.request;
   int64_t stored = 0;
+  const bool pool = !pending.pool_import.empty();
   if (status.ok()) {
     const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
-    const size_t count = std::min(pending.import.slots.size(), hashes.size());
-    engine::Scheduler::HeldSlots kept;
-    stored =
-        scheduler.CommitImport(pending.import, absl::MakeConstSpan(hashes).first(count),
-                               request.params().prompt_ids, request.params().cache_salt, &kept);
+    const size_t count =
+        std::min(pool ? pending.pool_import.size() : pending.import.slots.size(), hashes.size());
+    const auto chain = absl::MakeConstSpan(hashes).first(count);
     // Held until the request is admitted into the pool: a burst of imports must not evict
-    // what an earlier one brought before its request reloads it.
-    if (!kept.slots.empty()) import_holds_[request.seq_id()] = std::move(kept);
+    // what an earlier one brought before its request reloads (or takes) it.
+    if (pool) {
+      std::vector<int32_t> kept;
+      stored = scheduler.CommitPoolImport(pending.pool_import, chain, request.params().prompt_ids,
+                                          request.params().cache_salt, &kept);
+      if (!kept.empty()) pool_import_holds_[request.seq_id()] = std::move(kept);
+      ++num_kv_pool_fetches_;
+    } else {
+      engine::Scheduler::HeldSlots kept;
+      stored = scheduler.CommitImport(pending.import, chain, request.params().prompt_ids,
+                                      request.params().cache_salt, &kept);
+      if (!kept.slots.empty()) import_holds_[request.seq_id()] = std::move(kept);
+    }
     ++num_kv_fetches_;
     num_kv_fetched_blocks_ += static_cast<uint64_t>(stored);
     kv_fetch_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
@@ -294,7 +368,7 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
       ++num_handoffs_measured_;
       handoff_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
     }
-    if (pending.handed_off && stored == 0 && count > 0) {
+    if (pending.handed_off && stored == 0 && count > 0 && !pool) {
       ++num_handoff_failures_;
       std::fprintf(stderr,
                    "loom: replica %s: the KV hand-off from prefill replica %s arrived after this "
@@ -304,8 +378,14 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
   } else {
     // A pull that ended here may still write on a worker (the call gave up: cancelled,
     // past its deadline, the worker unreachable): its hold closes there before any plan
-    // reuses the slots.
-    if (pending.fetching) {
+    // reuses the slots (or blocks).
+    if (pool) {
+      if (pending.fetching) {
+        scheduler.ReleaseClosedPoolImport(pending.pool_import, pending.hold_id);
+      } else {
+        scheduler.ReleasePoolBlocks(pending.pool_import);
+      }
+    } else if (pending.fetching) {
       scheduler.ReleaseClosedImport(pending.import, pending.hold_id);
     } else {
       scheduler.ReleaseSlots(pending.import, /*import=*/true);
@@ -350,6 +430,11 @@ void Replica::HandleKvFetches() {
   }
   engine::Scheduler& scheduler = engine_->scheduler();
   for (uint64_t export_id : releases) {
+    if (auto held = pool_exports_.find(export_id); held != pool_exports_.end()) {
+      scheduler.ReleasePoolBlocks(held->second);
+      pool_exports_.erase(held);
+      continue;
+    }
     auto it = exports_.find(export_id);
     if (it == exports_.end()) {
       ReleaseCarriedExport(export_id);  // exported for the worker before this one
@@ -360,7 +445,7 @@ void Replica::HandleKvFetches() {
   }
   // The source side: hold the prefix; blocks only in the pool go out with the next plan.
   for (ExportAsk& ask : asks) {
-    ask.requester->DeliverExport(Export(*ask.request, ask.fetch_id));
+    ask.requester->DeliverExport(Export(*ask.request, ask.fetch_id, ask.requester));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -372,10 +457,19 @@ void Replica::HandleKvFetches() {
   // ran, its bytes would be overwritten or read as the old block's (wrong tokens under a
   // small tier). Free and never-used slots are in none.
   auto reserve = [&](PendingFetch& pending, KvExport& reply) {
-    pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
-    if (pending.import.slots.empty()) return false;
+    if (!reply.pool_blocks.empty()) {
+      // Blocks no sequence holds: the workers copy into them once the plans sent so far
+      // (which may still write them, freed by sequences that ended) ran (dest_step_id).
+      pending.pool_import =
+          scheduler.ReservePoolImport(static_cast<int64_t>(reply.pool_blocks.size()));
+      if (pending.pool_import.empty()) return false;
+      pending.num_blocks = static_cast<int64_t>(pending.pool_import.size());
+    } else {
+      pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
+      if (pending.import.slots.empty()) return false;
+      pending.num_blocks = static_cast<int64_t>(pending.import.slots.size());
+    }
     pending.hold_id = next_hold_id_++;
-    pending.num_blocks = static_cast<int64_t>(pending.import.slots.size());
     pending.reserved_reply = std::move(reply);
     return true;
   };
@@ -399,7 +493,12 @@ void Replica::HandleKvFetches() {
                        : reply.reason));
       continue;
     }
-    if (scheduler.host_tier() == nullptr) {
+    if (!reply.pool_blocks.empty() && (reply.source == nullptr || !ReadsPoolOf(*reply.source))) {
+      EndFetch(reply.fetch_id, absl::FailedPreconditionError(
+                                   "the source's pool cannot be read from this replica's workers"));
+      continue;
+    }
+    if (reply.pool_blocks.empty() && scheduler.host_tier() == nullptr) {
       EndFetch(reply.fetch_id, absl::FailedPreconditionError("this replica has no host tier"));
       continue;
     }
@@ -418,16 +517,23 @@ void Replica::HandleKvFetches() {
     }
     pending.fetching = true;
     const uint64_t id = fetch_id;
-    const std::vector<int32_t> dest = pending.import.slots;
+    const bool pool = !pending.pool_import.empty();
+    const std::vector<int32_t> dest = pool ? pending.pool_import : pending.import.slots;
+    PoolDestination pool_dest;
+    if (pool) {
+      pool_dest.pool = true;
+      pool_dest.step_id = next_step_id_ > stream_first_step_id_ ? next_step_id_ - 1 : 0;
+      pool_dest.stream_id = connection_ != nullptr ? connection_->stream_id() : 0;
+    }
     {
       absl::MutexLock lock(&mu_);
       ++fetch_threads_;
     }
     // Bounded by the transfer's deadline; Stop waits for it.
     std::thread([this, id, addresses, kv_heads, reply = *std::move(pending.reserved_reply), dest,
-                 hold_id = pending.hold_id, calls = pending.calls] {
-      const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest, hold_id,
-                                                   options_.kv_transfer_timeout, *calls);
+                 pool_dest, hold_id = pending.hold_id, calls = pending.calls] {
+      const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest, pool_dest,
+                                                   hold_id, options_.kv_transfer_timeout, *calls);
       absl::MutexLock lock(&mu_);
       fetch_results_.push_back({id, status});
       --fetch_threads_;
@@ -453,21 +559,28 @@ void Replica::HandleKvFetches() {
              absl::DeadlineExceededError(awaiting_slots ? "no host-tier slot came free in time"
                                                         : "the source did not answer in time"));
   }
-  // Requests admitted here (their fetches ended) count in the scheduler's queue now.
-  if (!replies.empty() || !results.empty() || !late.empty()) PublishStats();
+  // Requests admitted here (their fetches ended) count in the scheduler's queue now; pool
+  // blocks held for readers are free again.
+  if (!replies.empty() || !results.empty() || !late.empty() || !releases.empty()) PublishStats();
 }
 
 void Replica::ReleaseImportHolds() {
   engine::Scheduler& scheduler = engine_->scheduler();
-  for (auto it = import_holds_.begin(); it != import_holds_.end();) {
-    const engine::Sequence* seq = scheduler.Find(it->first);
-    if (seq != nullptr && seq->status == engine::SequenceStatus::kWaiting) {
-      ++it;
-      continue;
-    }
-    scheduler.ReleaseSlots(it->second, /*import=*/false);
-    import_holds_.erase(it++);
-  }
+  // Once its request was admitted (it holds the blocks itself then) or ended.
+  const auto waiting = [&scheduler](const auto& hold) {
+    const engine::Sequence* seq = scheduler.Find(hold.first);
+    return seq != nullptr && seq->status == engine::SequenceStatus::kWaiting;
+  };
+  absl::erase_if(import_holds_, [&](const auto& hold) {
+    if (waiting(hold)) return false;
+    scheduler.ReleaseSlots(hold.second, /*import=*/false);
+    return true;
+  });
+  absl::erase_if(pool_import_holds_, [&](const auto& hold) {
+    if (waiting(hold)) return false;
+    scheduler.ReleasePoolBlocks(hold.second);
+    return true;
+  });
 }
 
 std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
@@ -482,6 +595,8 @@ std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
   pending_fetches_.clear();
   exports_.clear();
   import_holds_.clear();
+  pool_exports_.clear();  // their blocks went with the engine
+  pool_import_holds_.clear();
   return requests;
 }
 

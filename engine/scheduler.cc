@@ -230,6 +230,9 @@ SchedulerOutput Scheduler::Schedule() {
     out.kv_copies = host_tier_->TakeCopies();
     out.kv_push_holds_closed = host_tier_->TakeClosedHolds();
   }
+  out.kv_push_holds_closed.insert(out.kv_push_holds_closed.end(), closed_pool_holds_.begin(),
+                                  closed_pool_holds_.end());
+  closed_pool_holds_.clear();
   return out;
 }
 
@@ -673,6 +676,7 @@ int64_t Scheduler::num_prompt_tokens_pending() const {
 
 bool Scheduler::has_work() const {
   return !running_.empty() || !waiting_.empty() || !finished_ids_.empty() ||
+         !closed_pool_holds_.empty() ||
          (host_tier_ != nullptr && (host_tier_->has_copies() || host_tier_->has_closed_holds()));
 }
 

@@ -283,6 +283,36 @@ class Scheduler {
   /// whose writes may still come: freed, and closed on the workers by the next plan
   /// before any copy reuses its slots (HostKvTier::CloseHold).
   void ReleaseClosedImport(const HeldSlots& held, uint64_t hold_id);
+  // ---- pool-to-pool transfers (engine/scheduler_transfer.cc) ----
+  /// The source side: the blocks of the longest verified chain of `hashes` (the blocks of
+  /// `tokens`, the first salted with `cache_salt`) in this replica's pool, each referenced
+  /// (not evicted, not reused) until ReleasePoolBlocks. Its workers' pools are read by
+  /// another replica's workers meanwhile (worker/kv_pool_transfer).
+  std::vector<int32_t> HoldPoolPrefix(absl::Span<const BlockHash> hashes,
+                                      absl::Span<const int32_t> tokens,
+                                      std::string_view cache_salt);
+  /// The destination side: `count` pool blocks referenced by no sequence, held for a
+  /// transfer to write; empty when fewer are free (nothing taken). Then CommitPoolImport
+  /// once the bytes arrived, or ReleasePoolBlocks if they did not.
+  std::vector<int32_t> ReservePoolImport(int64_t count);
+  /// The transferred blocks (the first hashes.size() blocks of `tokens`, in order) become
+  /// cached prefix blocks of this replica, chained after what its pool already holds (a
+  /// block whose content the pool holds already is released, as is the rest of a chain
+  /// that cannot be verified here). Returns the blocks stored; those stay referenced in
+  /// `keep` (not evicted before the request they came for is admitted) until
+  /// ReleasePoolBlocks(*keep).
+  int64_t CommitPoolImport(absl::Span<const int32_t> blocks, absl::Span<const BlockHash> hashes,
+                           absl::Span<const int32_t> tokens, std::string_view cache_salt,
+                           std::vector<int32_t>* keep);
+  /// Drops the references HoldPoolPrefix, ReservePoolImport or CommitPoolImport took.
+  void ReleasePoolBlocks(absl::Span<const int32_t> blocks);
+  /// Ends a ReservePoolImport hold whose transfer failed while a worker may still be writing
+  /// it as `hold_id`: the blocks are freed now, and the next plan closes the hold on the
+  /// workers (StepPlan.kv_push_holds_closed) before it runs, so no write lands after it.
+  void ReleaseClosedPoolImport(absl::Span<const int32_t> blocks, uint64_t hold_id) {
+    ReleasePoolBlocks(blocks);
+    closed_pool_holds_.push_back(hold_id);
+  }
   /// HostKvTier::CloseEarlierHolds: a new table's first plan closes the holds the table
   /// before it named to writers that may still write.
   void CloseEarlierHolds(absl::Span<const uint64_t> hold_ids) {
@@ -400,6 +430,7 @@ class Scheduler {
   uint64_t num_preemptions_ = 0;
   uint64_t num_window_freed_blocks_ = 0;
   int64_t held_for_arrivals_ = 0;  // set_blocks_held_for_arrivals
+  std::vector<uint64_t> closed_pool_holds_;  // ReleaseClosedPoolImport, for the next plan
   int64_t held_for_waiting_ = 0;   // the held_blocks of waiting sequences
 
   // Every waiting or running sequence, by id; finished ones leave at Finish().

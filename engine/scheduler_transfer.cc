@@ -1,6 +1,9 @@
 // Scheduler: fetching a prefix between replicas through the host tiers (the source's
-// slots are read by the destination's worker: worker/kv_transfer), and a hand-off's
-// partial last block, pushed there by its prefill replica's workers (worker/kv_push).
+// slots are read by the destination's worker: worker/kv_transfer), a hand-off's partial
+// last block, pushed there by its prefill replica's workers (worker/kv_push), and the
+// block-table side of pool-to-pool transfers (worker/kv_pool_transfer): a source replica
+// holds a prefix's pool blocks while another replica's workers copy them into blocks that
+// replica holds for them; arrived, they are its cached prefix blocks.
 #include <algorithm>
 #include <optional>
 #include <string_view>
@@ -234,6 +237,67 @@ void Scheduler::ReleaseSlots(const HeldSlots& held, bool import) {
       host_tier_->Release(slot);
     }
   }
+}
+
+std::vector<int32_t> Scheduler::HoldPoolPrefix(absl::Span<const BlockHash> hashes,
+                                               absl::Span<const int32_t> tokens,
+                                               std::string_view cache_salt) {
+  const BlockManager::PrefixMatch match = block_manager_.MatchPrefix(hashes, tokens, cache_salt);
+  // Referenced like a sequence's prefix: a free cached block is revived, not evicted.
+  return block_manager_.TakeCachedPrefix(hashes, match.num_blocks);
+}
+
+std::vector<int32_t> Scheduler::ReservePoolImport(int64_t count) {
+  if (count <= 0) return {};
+  absl::StatusOr<std::vector<int32_t>> blocks = block_manager_.Allocate(count);
+  return blocks.ok() ? *std::move(blocks) : std::vector<int32_t>{};
+}
+
+int64_t Scheduler::CommitPoolImport(absl::Span<const int32_t> blocks,
+                                    absl::Span<const BlockHash> hashes,
+                                    absl::Span<const int32_t> tokens, std::string_view cache_salt,
+                                    std::vector<int32_t>* keep) {
+  const size_t block_size = static_cast<size_t>(config_.block_size);
+  uint64_t parent_id = 0;
+  std::vector<int32_t> released;
+  int64_t stored = 0;
+  size_t i = 0;
+  for (; i < blocks.size() && i < hashes.size() && (i + 1) * block_size <= tokens.size(); ++i) {
+    const absl::Span<const int32_t> block_tokens = tokens.subspan(i * block_size, block_size);
+    // What this replica's pool holds already stays; the transferred copy chains after it.
+    if (const int32_t held = block_manager_.cached_block(hashes[i]); held >= 0) {
+      const EvictedBlock content = block_manager_.Content(held);
+      if (!Verified(content, block_tokens, parent_id, cache_salt)) break;
+      parent_id = content.content_id;
+      released.push_back(blocks[i]);
+      continue;
+    }
+    // The same content in the host tier keeps its identity (a later reload of it chains).
+    uint64_t content_id = 0;
+    if (host_tier_ != nullptr) {
+      if (const std::optional<HostKvTier::Hit> hit =
+              host_tier_->Find(hashes[i], block_tokens, parent_id, cache_salt)) {
+        content_id = hit->content_id;
+      }
+    }
+    if (content_id == 0) content_id = block_manager_.NewContentId();
+    if (!block_manager_.RestoreBlock(blocks[i], hashes[i], block_tokens, content_id, parent_id,
+                                     cache_salt)) {
+      break;
+    }
+    keep->push_back(blocks[i]);
+    parent_id = content_id;
+    ++stored;
+  }
+  // A chain broken on the way: the rest cannot be verified here.
+  released.insert(released.end(), blocks.begin() + static_cast<ptrdiff_t>(i), blocks.end());
+  ReleasePoolBlocks(released);
+  return stored;
+}
+
+void Scheduler::ReleasePoolBlocks(absl::Span<const int32_t> blocks) {
+  const absl::Status freed = block_manager_.Free(blocks);
+  LOOM_CHECK(freed.ok());  // every block was referenced by the hold
 }
 
 }  // namespace loom::engine

@@ -105,20 +105,24 @@ def reference(mixed_tokens):
 
 
 @pytest.mark.parametrize("prefill_tp,push,count", [(1, "shared", 100), (2, "shared", 100), (2, "tcp", 40),
-                                                  (1, None, 40)],
+                                                  (1, None, 40), (1, "pool", 40)],
                          ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp2-to-tp1-pushed-over-tcp",
-                              "tp1-to-tp1-pulled"])
+                              "tp1-to-tp1-pulled", "tp1-to-tp1-pool-to-pool"])
 def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_references, tmp_path, prefill_tp,
                                                                  push, count):
     # Pushed: the prefill workers write each prompt's KV into the decode workers' host tiers
     # layer by layer while computing it (KV heads mapped from 2 ranks to 1), through shared
     # memory or over TCP (--no-kv-shared-memory: the decode worker's tier cannot be mapped, as
     # between machines); pulled (--no-kv-push): the decode replica fetches it after the first
-    # token. The issue's 100 prompts at TP 1->1 and 2->1; the other transports on the first
-    # 40 (32 of them handed off).
+    # token; pool to pool (--no-kv-push, the workers' pools in shared memory): the decode
+    # workers copy it straight out of the prefill worker's pool into their own after the first
+    # token, no host tier between (as CUDA pools do through IPC). The issue's 100 prompts at TP
+    # 1->1 and 2->1; the other transports on the first 40 (32 of them handed off).
+    pushed = push in ("shared", "tcp")
     up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
               max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0,
-              kv_push=None if push else "off", kv_shared_memory="off" if push == "tcp" else None, **COMMON)
+              kv_push=None if pushed else "off", kv_shared_memory="off" if push == "tcp" else None,
+              kv_pool_shared_memory="on" if push == "pool" else None, **COMMON)
     try:
         status = up.wait_healthy(["prefill-0", "decode-0"])
         assert status["prefill-0"].role == "prefill" and status["decode-0"].role == "decode"
@@ -143,13 +147,19 @@ def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_r
         assert decode.num_handoff_failures == 0 and decode.num_kv_fetch_failures == 0, \
             (decode, up.log_tail(30000))
         long_blocks = sum(1 for i in range(count) if i % 5 != 0)  # at least one full block each
-        if push:
+        if pushed:
             # A prompt whose only plan was sent before its decode replica named the slots (or
             # whose slots that replica's tier could not hold beside the burst's others) is
             # pulled: every hand-off one or the other.
             assert decode.num_handoffs_pushed > 0, decode
             assert decode.num_kv_fetches == decode.num_handoffs_in - decode.num_handoffs_pushed, decode
             assert decode.num_kv_blocks_reloaded >= long_blocks, decode
+        elif push == "pool":
+            assert decode.num_handoffs_pushed == 0, decode
+            assert decode.num_kv_pool_fetches == decode.num_kv_fetches == decode.num_handoffs_in, decode
+            assert decode.num_kv_fetched_blocks >= long_blocks, decode
+            assert decode.num_kv_blocks_reloaded == 0, decode  # the blocks arrived in the pool
+            assert prefill.num_free_blocks == prefill.num_kv_blocks, prefill  # its holds ended
         else:
             assert decode.num_handoffs_pushed == 0, decode
             assert decode.num_kv_fetched_blocks >= long_blocks, decode

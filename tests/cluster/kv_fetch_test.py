@@ -6,7 +6,13 @@ tokens equal those of the same request with fetching off (--kv-fetch-min-blocks 
 request reports the prefix as cached. Killing the source worker while the fetch waits for it (its
 steps slowed with --debug-step-delay-ms) fails the fetch, counted and logged, and the request
 completes by recomputing, with the same tokens; no block stays held on the surviving replica.
+
+With the workers' pools in shared memory (--kv-pool-shared-memory) the same fetch copies the
+blocks straight out of the other worker's pool into this one's (pool-to-pool: no host tier on
+either side, nothing reloaded), with the same tokens; and the source killed while the fetch
+waits for it fails it the same way, leaking no block.
 """
+import re
 import time
 import urllib.request
 
@@ -23,6 +29,7 @@ PREFIX = "Document: " + " ".join(
                                                 "signal orchard canyon willow ") .split() * 18)) + "\n"
 MAX_TOKENS = 6
 TIER = {"threads": 1, "kv_offload_memory": "32MiB", "kv_cache_memory": "24MiB"}
+POOL = {"threads": 1, "kv_cache_memory": "24MiB", "kv_pool_shared_memory": "on"}  # no host tier
 
 
 def first_request():
@@ -99,6 +106,52 @@ def test_killing_the_source_mid_fetch_recomputes_and_leaks_nothing(binaries, ref
         status = rig.coordinator.wait_idle(timeout=30)["replica-b"]
         assert status.num_kv_fetch_failures == 1, status
         assert status.num_kv_fetches == 0
+        assert status.num_free_blocks == status.num_kv_blocks
+        assert "fetching a prefix from replica replica-a failed, recomputing it" in \
+            rig.coordinator.log_tail(20000)
+
+
+def test_a_prefix_in_another_replicas_shared_pool_is_copied_pool_to_pool(binaries, reference, tmp_path):
+    with h.running_cluster(tmp_path, {"replica-a": POOL, "replica-b": POOL}, routing="round-robin") as rig:
+        first = one(rig, first_request())
+        second = one(rig, second_request())
+        assert first.replica_id != second.replica_id
+        assert second.token_ids == reference.token_ids, (second.text, reference.text)
+        status = rig.coordinator.wait_idle()
+        fetcher = status[second.replica_id]
+        assert fetcher.num_kv_fetches == fetcher.num_kv_pool_fetches == 1, fetcher
+        assert fetcher.num_kv_fetch_failures == 0
+        assert fetcher.num_kv_fetched_blocks >= 12, fetcher
+        assert fetcher.num_kv_blocks_reloaded == 0 and fetcher.num_host_hit_tokens == 0, fetcher
+        # Nothing stays held on either side once the requests ended.
+        for replica in status.values():
+            assert replica.num_free_blocks == replica.num_kv_blocks, replica
+        metrics = urllib.request.urlopen(rig.coordinator.http_url + "/metrics", timeout=10).read().decode()
+        assert f'loom_kv_pool_fetches_total{{model_name="SmolLM2-135M-Instruct.Q4_1",replica="{second.replica_id}"}} 1' \
+            in metrics, [line for line in metrics.splitlines() if "fetch" in line]
+        # The fetched prefix served the prompt from the pool: a prefix-cache hit.
+        hits = re.search(r'loom_prefix_cache_hits_total\{[^}]*replica="%s"[^}]*\} (\S+)' % second.replica_id,
+                         metrics)
+        assert hits and float(hits.group(1)) >= 12 * 16, [m for m in metrics.splitlines() if "prefix" in m]
+
+
+def test_killing_the_source_mid_pool_fetch_recomputes_and_leaks_nothing(binaries, reference, tmp_path):
+    slow = dict(POOL, debug_step_delay_ms=1500)
+    with h.running_cluster(tmp_path, {"replica-a": slow, "replica-b": POOL}, routing="round-robin",
+                           heartbeat_timeout_ms=1000) as rig:
+        # replica-a's second plan (its first output's step) sleeps 1.5 s while replica-b's worker
+        # waits for the step that wrote the prefix (streamed: the request is still running there).
+        stream_a = h.Stream(rig.coordinator.stub, first_request(), 180)
+        assert stream_a.wait_tokens(1, timeout=120)
+        stream = h.Stream(rig.coordinator.stub, second_request(), 180)
+        time.sleep(0.5)
+        rig.workers["replica-a"].kill()
+        second = stream.join(timeout=180)
+        assert second.finished, second.describe()
+        assert second.replica_id == "replica-b"
+        assert second.token_ids == reference.token_ids
+        status = rig.coordinator.wait_idle(timeout=30)["replica-b"]
+        assert status.num_kv_fetch_failures == 1 and status.num_kv_fetches == 0, status
         assert status.num_free_blocks == status.num_kv_blocks
         assert "fetching a prefix from replica replica-a failed, recomputing it" in \
             rig.coordinator.log_tail(20000)

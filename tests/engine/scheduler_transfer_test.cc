@@ -1,6 +1,8 @@
 // Scheduler's side of a prefix fetched between replicas (engine/scheduler_transfer.cc): the
 // source holds a verified chain in host slots (copying pool-only blocks out), the destination
-// reserves slots, commits what arrived as host-tier content and reloads it on admission.
+// reserves slots, commits what arrived as host-tier content and reloads it on admission; or,
+// pool to pool, the source holds the chain's pool blocks and the destination's arrived blocks
+// become its cached prefix.
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -407,6 +409,81 @@ TEST(SchedulerTransferTest, PendingPromptTokensAreThoseNotComputedYet) {
   EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 32);
   scheduler.Finish(2);
   EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 0);
+}
+
+// ---- pool-to-pool transfers: the blocks themselves are held, no host tier ----
+
+TEST(SchedulerPoolTransferTest, TheSourceHoldsTheVerifiedChainInItsPoolUntilReleased) {
+  Scheduler source(TierConfig(4, 0));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  RunOnce(source, 1, prompt);  // 3 full blocks cached, free
+  const std::vector<int32_t> held = source.HoldPoolPrefix(Hashes(prompt, 3), prompt, "");
+  ASSERT_EQ(held.size(), 3u);
+  for (int32_t block : held) EXPECT_EQ(source.block_manager().ref_count(block), 1);
+  // Another prompt needing the whole pool cannot evict them meanwhile.
+  EXPECT_EQ(source.block_manager().num_free(), 1);
+  // Another chain (other salt, other tokens) holds nothing.
+  EXPECT_TRUE(source.HoldPoolPrefix(Hashes(prompt, 3), prompt, "tenant").empty());
+  source.ReleasePoolBlocks(held);
+  EXPECT_EQ(source.block_manager().num_free(), 4);
+  EXPECT_TRUE(source.block_manager().is_cached(held[0]));  // still cached, free
+}
+
+TEST(SchedulerPoolTransferTest, ACommittedImportIsAPrefixHitOnAdmission) {
+  Scheduler destination(TierConfig(16, 0));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  // The first block is already in the destination's pool (a shorter prompt ran there).
+  RunOnce(destination, 1, Tokens(100, 5));
+  const std::vector<int32_t> import = destination.ReservePoolImport(3);
+  ASSERT_EQ(import.size(), 3u);
+  EXPECT_TRUE(destination.ReservePoolImport(14).empty());  // all or nothing
+  std::vector<int32_t> kept;
+  EXPECT_EQ(destination.CommitPoolImport(import, Hashes(prompt, 3), prompt, "", &kept), 2);
+  // The first block was held already: its copy goes back; the other two stay held.
+  EXPECT_EQ(kept, std::vector<int32_t>(import.begin() + 1, import.end()));
+  EXPECT_EQ(destination.block_manager().ref_count(import[0]), 0);
+  for (int32_t block : kept) EXPECT_EQ(destination.block_manager().ref_count(block), 1);
+
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = 2;
+  seq->prompt_ids = prompt;
+  seq->max_tokens = 1;
+  ASSERT_TRUE(destination.Add(std::move(seq)).ok());
+  const SchedulerOutput out = destination.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_cached_tokens, 12);  // every block from the pool
+  EXPECT_TRUE(out.kv_copies.empty());                 // nothing reloaded
+  destination.ReleasePoolBlocks(kept);
+  for (int32_t block : kept) EXPECT_EQ(destination.block_manager().ref_count(block), 1);
+}
+
+TEST(SchedulerPoolTransferTest, ImportedBlocksBeyondTheHashedChainAreFreed) {
+  Scheduler destination(TierConfig(8, 0));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  const std::vector<int32_t> import = destination.ReservePoolImport(3);
+  // Three blocks arrived, but the request's chain names two (the source held more than
+  // the prompt's full blocks): the third holds nothing this replica can verify.
+  std::vector<BlockHash> hashes = Hashes(prompt, 3);
+  std::vector<int32_t> kept;
+  EXPECT_EQ(
+      destination.CommitPoolImport(import, absl::MakeConstSpan(hashes).first(2), prompt, "", &kept),
+      2);
+  EXPECT_EQ(kept.size(), 2u);
+  EXPECT_EQ(destination.block_manager().ref_count(import[2]), 0);  // beyond the chain: freed
+  destination.ReleasePoolBlocks(kept);
+  EXPECT_EQ(destination.block_manager().num_free(), 8);
+}
+
+TEST(SchedulerPoolTransferTest, AClosedPoolImportIsFreedAndClosedByTheNextPlan) {
+  Scheduler destination(TierConfig(8, 0));
+  const std::vector<int32_t> import = destination.ReservePoolImport(2);
+  ASSERT_EQ(import.size(), 2u);
+  destination.ReleaseClosedPoolImport(import, 77);
+  EXPECT_EQ(destination.block_manager().num_free(), 8);
+  EXPECT_TRUE(destination.has_work());  // a plan must carry the close
+  const SchedulerOutput out = destination.Schedule();
+  EXPECT_EQ(out.kv_push_holds_closed, std::vector<uint64_t>{77});
+  EXPECT_FALSE(destination.has_work());
 }
 
 }  // namespace
