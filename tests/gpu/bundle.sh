@@ -5,7 +5,8 @@
 #   tests/gpu/bundle.sh [--from BUILD_DIR] [ARCHIVE]   default build-gpu-bundle/loom-gpu-bundle.tar.xz
 #
 # Inside: the CUDA test binaries (loom_kernels_tests, loom_model_tests, loom_worker_tests), the GPU
-# benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_forward_pass_bench), the server itself
+# benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_forward_pass_bench,
+# kv_pool_transfer_bench), the server itself
 # (loom, loom-worker) and test_model_tool, which makes the test models on the GPU machine
 # from models/default-metadata.gguf (the default model's tokenizer, chat template and
 # shapes without its 98 MB of tensors, made here from LOOM_MODEL_PATH), built Release
@@ -39,7 +40,7 @@ ARCHIVE="${1:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
 MAX_MIB="${LOOM_BUNDLE_MAX_MIB:-56}"
 ARCHS="${LOOM_CUDA_ARCHITECTURES:-90-real}"
 TESTS=(loom_kernels_tests loom_model_tests loom_worker_tests)
-BENCHES=(quantized_gemm_bench cuda_attention_bench cuda_forward_pass_bench)
+BENCHES=(quantized_gemm_bench cuda_attention_bench cuda_forward_pass_bench kv_pool_transfer_bench)
 SERVERS=(loom loom-worker)
 TOOLS=(test_model_tool)
 # Where each binary lands in the build tree.

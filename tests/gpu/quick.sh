@@ -14,7 +14,8 @@
 #                  replica on the GPU: a long prompt handed off with its KV pushed
 #                  (first: the product serving on the GPU is what a window verifies first)
 #   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
-#   2b. model      each model::CudaDevice operation against CpuDevice's on random inputs
+#   2b. model      each model::CudaDevice operation against CpuDevice's on random inputs, and
+#                  the CUDA KV pool's pool-to-pool copies (CudaKvPoolShareTest)
 #   3. runner      the CUDA model runner against the CPU runner: random llama/qwen2 models
 #                  (F16/Q8_0/F32 and Q4_0/Q4_1 -> W4A16 GEMM, QKV bias, BF16, graph buckets
 #                  1/2/4/8/256), and the default model's shapes (LOOM_MODEL_PATH when set,
@@ -28,8 +29,9 @@
 #                    reported as unavailable
 #   7. bench       tests/gpu/serve_bench.py (loom bench at 1/32/128 streams against loom
 #                  up on the default model's random twin, then on Llama-3-8B-shaped INT4 and
-#                  BF16 models made here), then the GPU benchmarks' --quick forms and
-#                  PyTorch as their peer, while time is left
+#                  BF16 models made here), then the GPU benchmarks' --quick forms (the
+#                  pool-to-pool KV hand-off between two processes first) and PyTorch as
+#                  their peer, while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
 # after every step, so a run cut off at any point still leaves its report; the serving
 # steps' own logs come back as serve.log, serve_pd.log and serve_bench.log (their last
@@ -83,7 +85,7 @@ wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
 # The tuning spaces of the quantized GEMM and of decode attention are not served: their tests
 # run with the sweeps (docs/gpu_verification.md, "Tuning the kernels").
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*-CudaQuantGemmTest.EveryCandidateMatchesReference:CudaPagedDecodeTest.EveryCandidateMatchesReference'
-MODEL_FILTER='CudaDevice*'
+MODEL_FILTER='CudaDevice*:CudaKvPoolShare*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
@@ -92,7 +94,10 @@ SANITIZER_FILTER='CudaKvBlockCopyTest.*:CudaPagedDecodeTest.MatchesCpuReference*
 # ... and one whole CUDA runner scenario (prefill, chunked prefill, graph capture and
 # replay, device sampling), memcheck only.
 FORWARD_PASS_SANITIZER_FILTER='CudaForwardPassTest.GraphsOnAndOffGiveIdenticalLogits'
-BENCHES=(cuda_attention_bench quantized_gemm_bench cuda_forward_pass_bench)
+BENCHES=(kv_pool_transfer_bench cuda_attention_bench quantized_gemm_bench cuda_forward_pass_bench)
+# Each benchmark's --quick form runs at most 20 s, these less: the pool-to-pool hand-off (two
+# processes, a 1 GiB pool copied through CUDA IPC) takes a few seconds.
+declare -A BENCH_LIMIT=([kv_pool_transfer_bench]=15)
 
 if [[ ! -f "$BUNDLE" ]]; then
   echo "quick.sh: no bundle at $BUNDLE (make it with tests/gpu/bundle.sh)" >&2
@@ -453,10 +458,10 @@ for kind in int4 bf16; do
   tail -n 20 "$WORK/serve_bench_8b.log" >> "$LOG" 2> /dev/null
   rm -f "$model" "$model.tmp"
 done
-# The kernels' benchmarks, 20 s each at most.
+# The kernels' benchmarks and the pool-to-pool KV hand-off, 20 s each at most (BENCH_LIMIT).
 for bench in "${BENCHES[@]}"; do
   wanted bench || break
-  left=$(left_in_bench 20)
+  left=$(left_in_bench "${BENCH_LIMIT[$bench]:-20}")
   ((left < 10)) && break
   if OUT="$WORK/bench" timeout -k 5 "$left" "${RUN_ENV[@]}" "$B/bin/$bench" --quick >> "$LOG" 2>&1; then
     done_benches+=("$bench")

@@ -150,8 +150,8 @@ def test_dry_run_unpacks_checks_libraries_and_lists_the_steps():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     for binary in ("loom_kernels_tests", "loom_worker_tests", "cuda_attention_bench",
-                   "quantized_gemm_bench", "cuda_forward_pass_bench", "loom", "loom-worker",
-                   "test_model_tool"):
+                   "quantized_gemm_bench", "cuda_forward_pass_bench", "kv_pool_transfer_bench",
+                   "loom", "loom-worker", "test_model_tool"):
         assert binary in run.stdout
     assert "models from default-metadata.gguf" in run.stdout
     limits = {}
