@@ -389,6 +389,12 @@ class Replica {
   // Passes the requests the engine core handed off to the cluster (loop thread).
   void HandOffPrefilled();
   void EndFetch(uint64_t fetch_id, const absl::Status& status);
+  // Has the workers pull `pending`'s reserved reply into its slots or pool blocks (a thread
+  // bounded by the transfer's deadline; its result comes back through fetch_results_).
+  struct PendingFetch;
+  void StartPull(uint64_t fetch_id, PendingFetch& pending,
+                 const std::vector<std::string>& addresses,
+                 const std::vector<KvHeadRange>& kv_heads);
   // Lets the fetched slots of requests admitted into the pool (or ended) go.
   void ReleaseImportHolds();
   // The worker was lost: the requests waiting for a prefix, to place again.

@@ -512,34 +512,9 @@ void Replica::HandleKvFetches() {
   }
   // Pulls whose slots no earlier plan touches any more: the workers write them now.
   for (auto& [fetch_id, pending] : pending_fetches_) {
-    if (!pending.reserved_reply.has_value() || !CopiesRan(pending.import.last_copy_plan)) {
-      continue;
+    if (pending.reserved_reply.has_value() && CopiesRan(pending.import.last_copy_plan)) {
+      StartPull(fetch_id, pending, addresses, kv_heads);
     }
-    pending.fetching = true;
-    const uint64_t id = fetch_id;
-    const bool pool = !pending.pool_import.empty();
-    const std::vector<int32_t> dest = pool ? pending.pool_import : pending.import.slots;
-    PoolDestination pool_dest;
-    if (pool) {
-      pool_dest.pool = true;
-      pool_dest.step_id = next_step_id_ > stream_first_step_id_ ? next_step_id_ - 1 : 0;
-      pool_dest.stream_id = connection_ != nullptr ? connection_->stream_id() : 0;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      ++fetch_threads_;
-    }
-    // Bounded by the transfer's deadline; Stop waits for it.
-    std::thread([this, id, addresses, kv_heads, reply = *std::move(pending.reserved_reply), dest,
-                 pool_dest, hold_id = pending.hold_id, calls = pending.calls] {
-      const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest, pool_dest,
-                                                   hold_id, options_.kv_transfer_timeout, *calls);
-      absl::MutexLock lock(&mu_);
-      fetch_results_.push_back({id, status});
-      --fetch_threads_;
-      wake_ = true;
-    }).detach();
-    pending.reserved_reply.reset();
   }
   for (const FetchResult& result : results) EndFetch(result.fetch_id, result.status);
   // Fetches past their deadline admit their requests to recompute. One still pulling keeps
@@ -562,6 +537,35 @@ void Replica::HandleKvFetches() {
   // Requests admitted here (their fetches ended) count in the scheduler's queue now; pool
   // blocks held for readers are free again.
   if (!replies.empty() || !results.empty() || !late.empty() || !releases.empty()) PublishStats();
+}
+
+void Replica::StartPull(uint64_t fetch_id, PendingFetch& pending,
+                        const std::vector<std::string>& addresses,
+                        const std::vector<KvHeadRange>& kv_heads) {
+  pending.fetching = true;
+  const bool pool = !pending.pool_import.empty();
+  const std::vector<int32_t> dest = pool ? pending.pool_import : pending.import.slots;
+  PoolDestination pool_dest;
+  if (pool) {
+    pool_dest.pool = true;
+    pool_dest.step_id = next_step_id_ > stream_first_step_id_ ? next_step_id_ - 1 : 0;
+    pool_dest.stream_id = connection_ != nullptr ? connection_->stream_id() : 0;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++fetch_threads_;
+  }
+  // Bounded by the transfer's deadline; Stop waits for it.
+  std::thread([this, fetch_id, addresses, kv_heads, reply = *std::move(pending.reserved_reply),
+               dest, pool_dest, hold_id = pending.hold_id, calls = pending.calls] {
+    const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest, pool_dest,
+                                                 hold_id, options_.kv_transfer_timeout, *calls);
+    absl::MutexLock lock(&mu_);
+    fetch_results_.push_back({fetch_id, status});
+    --fetch_threads_;
+    wake_ = true;
+  }).detach();
+  pending.reserved_reply.reset();
 }
 
 void Replica::ReleaseImportHolds() {
