@@ -107,7 +107,8 @@ struct KvExport {
   std::vector<KvHeadRange> kv_heads;   // and the KV heads each holds
   std::string kv_layout;               // the source's kv_layout()
   std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier,
-  std::vector<int32_t> pool_blocks;    // or in its pool (a pool-to-pool transfer)
+  std::vector<int32_t> pool_blocks;    // or in its pool (a pool-to-pool transfer),
+  uint64_t stream_id = 0;              // held by the source's step stream with this id
   uint64_t after_step_id = 0;          // the source step that writes them
   Replica* source = nullptr;
   // A hand-off whose KV the prefill workers pushed into this decode replica's tier as they

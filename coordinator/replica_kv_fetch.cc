@@ -133,6 +133,7 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
           ->Add(from.begin(), from.begin() + static_cast<ptrdiff_t>(dest.size()));
       source->set_kv_head_begin(reply.kv_heads[s].begin);
       source->set_num_kv_heads(reply.kv_heads[s].count);
+      if (pool.pool) source->set_stream_id(reply.stream_id);
     }
     if (pool.pool) {
       request.mutable_dest_blocks()->Add(dest.begin(), dest.end());
@@ -287,6 +288,7 @@ KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id, cons
       reply.export_id = next_export_id_++;
       where();
       reply.pool_blocks = blocks;
+      reply.stream_id = connection_ != nullptr ? connection_->stream_id() : 0;
       reply.after_step_id = next_step_id_ - 1;  // the plans that computed them were sent
       pool_exports_[reply.export_id] = std::move(blocks);
       return reply;

@@ -41,6 +41,12 @@ void KvPoolFence::NewStream() {
   closed_.clear();
 }
 
+std::optional<uint64_t> KvPoolFence::GenerationIf(const std::function<bool()>& current) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (!current()) return std::nullopt;
+  return generation();
+}
+
 void KvPoolFence::CloseHolds(absl::Span<const uint64_t> hold_ids) {
   if (hold_ids.empty()) return;
   absl::WriterMutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -37,6 +38,9 @@ class KvPoolFence {
   /// The memory file holding the generation (8 bytes at offset 0), and its value now.
   int fd() const { return fd_; }
   uint64_t generation() const { return word_->load(std::memory_order_acquire); }
+  /// The generation, read under the fence while `current()` holds (a stream change, which
+  /// moves it, waits meanwhile); nullopt when it does not.
+  std::optional<uint64_t> GenerationIf(const std::function<bool()>& current) const;
 
   /// A step stream begins: waits for the write batch under way, then moves the generation
   /// (and forgets the closed holds: the stream check covers earlier streams' fetches).
@@ -56,7 +60,7 @@ class KvPoolFence {
 
   const int fd_;
   std::atomic<uint64_t>* const word_;  // in the memory file's mapping
-  absl::Mutex mu_;  // writers (batches) shared, NewStream and CloseHolds exclusive
+  mutable absl::Mutex mu_;  // writers (batches) shared, NewStream and CloseHolds exclusive
   absl::flat_hash_set<uint64_t> closed_ ABSL_GUARDED_BY(mu_);
 };
 

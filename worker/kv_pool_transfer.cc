@@ -132,6 +132,7 @@ absl::StatusOr<loom::v1::SharedKvPool> AskForPool(const loom::v1::KvBlockSource&
       std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
   loom::v1::ReadKvBlocksRequest read;
   read.mutable_pool_blocks()->CopyFrom(source.pool_blocks());
+  read.set_stream_id(source.stream_id());
   read.set_after_step_id(request.after_step_id());
   read.set_offer_shared_memory(true);
   std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
@@ -210,6 +211,7 @@ absl::Status WaitForOwnStep(const KvPoolDestination& dest,
 
 grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCache* pool,
                                const KvPoolFence& fence,
+                               const std::function<bool(uint64_t)>& current_stream,
                                const loom::v1::ReadKvBlocksRequest& request,
                                grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
                                const std::function<KvStepState(uint64_t)>& step_state) {
@@ -235,13 +237,20 @@ grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCach
                                     share->num_blocks));
     }
   }
+  // Read after the step ran, under the stream that holds the blocks: a change since then
+  // moves it, and the reader discards what it copied.
+  const std::optional<uint64_t> generation =
+      fence.GenerationIf([&] { return current_stream(request.stream_id()); });
+  if (!generation.has_value()) {
+    return Refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                  "the step stream that held the blocks is not this worker's any more (its "
+                  "coordinator lost it): they may be other sequences' now");
+  }
   loom::v1::KvBlockChunk chunk;
   loom::v1::SharedKvPool* shared = chunk.mutable_pool();
   *shared = ToProto(*share);
   shared->set_generation_fd(fence.fd());
-  // Read after the step ran: a stream change since then moves it, and the reader discards
-  // what it copied.
-  shared->set_generation(fence.generation());
+  shared->set_generation(*generation);
   writer->Write(chunk);
   return grpc::Status::OK;
 }

@@ -27,11 +27,13 @@ namespace loom::worker {
 
 /// The ReadKvBlocks side for `request.pool_blocks`: waits until `step_state(after_step_id)` is
 /// kRan, then answers one chunk with `pool` (where and how to map it, and `fence`'s
-/// generation now). FAILED_PRECONDITION when this worker's pool cannot be shared (no pool,
-/// a CPU pool outside shared memory) or the reader did not offer to map it; INVALID_ARGUMENT
-/// for a block outside the pool.
+/// generation, read while `current_stream(request.stream_id)` holds: the stream whose table
+/// holds the blocks). FAILED_PRECONDITION when this worker's pool cannot be shared (no pool,
+/// a CPU pool outside shared memory), the reader did not offer to map it, or that stream is
+/// not the current one; INVALID_ARGUMENT for a block outside the pool.
 grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCache* pool,
                                const KvPoolFence& fence,
+                               const std::function<bool(uint64_t)>& current_stream,
                                const loom::v1::ReadKvBlocksRequest& request,
                                grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
                                const std::function<KvStepState(uint64_t)>& step_state);

@@ -90,7 +90,9 @@ grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this worker's pool-to-pool transfers are off");
     }
-    return ServeKvPoolBlocks(context, pool_, *pool_fence_, *request, writer, step_state);
+    return ServeKvPoolBlocks(
+        context, pool_, *pool_fence_, [this](uint64_t id) { return CurrentStream(id); }, *request,
+        writer, step_state);
   }
   const grpc::Status status = ServeKvBlocks(context, host_tier_, *request, writer, step_state);
   if (status.ok() && host_tier_ != nullptr) {
@@ -111,9 +113,7 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
     dest.pool = pool_;
     dest.fence = pool_fence_.get();
     if (host_tier_ != nullptr) dest.heads = host_tier_->layout();
-    dest.current_stream = [this](uint64_t stream_id) {
-      return stream_id != 0 && stream_id == stream_id_.load(std::memory_order_acquire);
-    };
+    dest.current_stream = [this](uint64_t stream_id) { return CurrentStream(stream_id); };
     dest.step_state = [this](uint64_t step_id) { return StepState(step_id); };
     dest.written = [this](absl::Span<const int32_t> blocks) {
       absl::MutexLock lock(&written_mu_);

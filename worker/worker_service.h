@@ -87,6 +87,9 @@ class WorkerService final : public loom::v1::Worker::Service {
   // Pool fetches wrote these blocks: the KV ledger no longer knows what they hold.
   void ForgetWrittenBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<uint64_t> stream_id_{0};  // the current step stream's (its metadata)
+  bool CurrentStream(uint64_t stream_id) const {
+    return stream_id != 0 && stream_id == stream_id_.load(std::memory_order_acquire);
+  }
   absl::Mutex written_mu_;
   std::vector<int32_t> written_blocks_ ABSL_GUARDED_BY(written_mu_);
 };

@@ -55,14 +55,17 @@ class Source final : public loom::v1::Worker::Service {
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::atomic<uint64_t> executed{0};
+  std::atomic<uint64_t> stream{9};  // the source's current step stream
   // A new step stream begins right after the answer (before the reader copies).
   std::atomic<bool> new_stream_after_answer{false};
 
   grpc::Status ReadKvBlocks(grpc::ServerContext* context,
                             const loom::v1::ReadKvBlocksRequest* request,
                             grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) override {
-    const grpc::Status status =
-        ServeKvPoolBlocks(context, pool_, *fence_, *request, writer, [this](uint64_t step) {
+    const grpc::Status status = ServeKvPoolBlocks(
+        context, pool_, *fence_, [this](uint64_t id) { return id == stream.load(); }, *request,
+        writer,
+        [this](uint64_t step) {
           return executed.load() >= step ? KvStepState::kRan : KvStepState::kPending;
         });
     if (new_stream_after_answer.load()) fence_->NewStream();
@@ -82,6 +85,7 @@ loom::v1::FetchKvBlocksRequest Fetch(const std::string& address, std::vector<int
   loom::v1::KvBlockSource* from = request.add_sources();
   from->set_address(address);
   from->mutable_pool_blocks()->Add(source.begin(), source.end());
+  from->set_stream_id(9);
   request.mutable_dest_blocks()->Add(dest.begin(), dest.end());
   request.set_dest_step_id(7);
   request.set_dest_stream_id(42);
@@ -238,6 +242,11 @@ TEST(KvPoolTransfer, RefusesBadRequestsWithTheReason) {
   other_rank.mutable_sources(0)->set_kv_head_begin(2);
   other_rank.mutable_sources(0)->set_num_kv_heads(2);
   refused(other_rank, absl::StatusCode::kFailedPrecondition, "the same heads");
+  // The source's stream that held the blocks is gone.
+  source.stream = 10;
+  refused(Fetch(source.address(), {0}, {1}), absl::StatusCode::kFailedPrecondition,
+          "not this worker's any more");
+  source.stream = 9;
   // A source pool that is not shared.
   const std::unique_ptr<model::CpuKvCache> private_pool = Pool(false);
   Source unshared(private_pool.get());
