@@ -33,6 +33,7 @@
 #include "worker/communicator_factory.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/draft_model.h"
+#include "worker/kv_pool_transfer.h"
 #include "worker/kv_transfer.h"
 #include "worker/pipeline_link.h"
 #include "worker/registration.h"
@@ -669,7 +670,7 @@ int RunWorkerCommand(int argc, char** argv) {
                         num_blocks);
   loom::v1::RegisterRequest request = RegisterRequestFor(options, *served, **backend, num_blocks);
   if (const model::KvCache* pool = (*backend)->kv_pool(); pool != nullptr && pool->Share().ok()) {
-    request.set_kv_pool_boot_id(worker::BootId());  // other workers read its blocks directly
+    request.set_kv_pool_scope(worker::KvPoolScope());  // other workers read its blocks directly
   }
   if (host_tier != nullptr) {
     request.set_num_host_kv_blocks(host_tier->num_slots());

@@ -203,7 +203,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         endpoint.addresses.push_back(rank->worker_address());
         endpoint.kv_heads.push_back({rank->kv_head_begin(), rank->num_kv_heads()});
         endpoint.host_kv_shared.push_back(rank->host_kv_shared());
-        endpoint.kv_pool_boot_ids.push_back(rank->kv_pool_boot_id());
+        endpoint.kv_pool_scopes.push_back(rank->kv_pool_scope());
         // The replica's pool is what every rank can hold.
         endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
         endpoint.num_host_kv_blocks =

@@ -368,11 +368,11 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
             ? absl::StrFormat("%d ranks in %d stages, ", endpoint.addresses.size(), stages)
             : "",
         endpoint.block_size, endpoint.kv_dtype);
-    pool_machine_.clear();
-    if (!endpoint.kv_pool_boot_ids.empty() &&
-        std::all_of(endpoint.kv_pool_boot_ids.begin(), endpoint.kv_pool_boot_ids.end(),
-                    [&](const std::string& id) { return id == endpoint.kv_pool_boot_ids[0]; })) {
-      pool_machine_ = endpoint.kv_pool_boot_ids[0];
+    pool_scope_.clear();
+    if (!endpoint.kv_pool_scopes.empty() &&
+        std::all_of(endpoint.kv_pool_scopes.begin(), endpoint.kv_pool_scopes.end(),
+                    [&](const std::string& id) { return id == endpoint.kv_pool_scopes[0]; })) {
+      pool_scope_ = endpoint.kv_pool_scopes[0];
     }
     stats_.set_max_plans_in_flight(plans_in_flight_);
     liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());

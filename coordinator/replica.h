@@ -85,9 +85,9 @@ struct WorkerEndpoint {
   // Per rank: its host tier as another worker of its machine maps it (a KV push's
   // destination); boot_id empty where it has none.
   std::vector<loom::v1::SharedKvMemory> host_kv_shared;
-  // Per rank: the boot id of its machine where other workers there read its KV pool's
-  // blocks directly (pool-to-pool transfers); empty where they cannot.
-  std::vector<std::string> kv_pool_boot_ids;
+  // Per rank: the scope (machine and PID namespace) within which other workers read its KV
+  // pool's blocks directly (pool-to-pool transfers); empty where none can.
+  std::vector<std::string> kv_pool_scopes;
   std::string kv_dtype;                    // as registered
   // The KV blocks the workers still hold (coordinator/kv_cache_report), for the new block
   // table to adopt; null or empty: it starts cold.
@@ -200,8 +200,8 @@ class Replica {
   bool kv_push_enabled() const { return options_.kv_push; }
   std::string kv_layout() const;
   /// Whether this replica's workers can copy blocks straight out of `source`'s pools
-  /// (worker/kv_pool_transfer): both replicas' pools are shared on one machine, in the
-  /// same layout and the same KV heads rank for rank.
+  /// (worker/kv_pool_transfer): both replicas' pools are shared in one scope (one machine
+  /// and PID namespace), in the same layout and the same KV heads rank for rank.
   bool ReadsPoolOf(const Replica& source) const;
   /// Disaggregated serving: whether hand-offs from `prefill` reach this (decode) replica
   /// pool to pool after their first token instead of being pushed into its host tier as
@@ -544,8 +544,9 @@ class Replica {
   int64_t reserved_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t held_for_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::string kv_layout_ ABSL_GUARDED_BY(mu_);
-  // The machine (boot id) on which other workers read every rank's pool; empty: not all.
-  std::string pool_machine_ ABSL_GUARDED_BY(mu_);
+  // The scope (machine and PID namespace) within which other workers read every rank's
+  // pool; empty: not all ranks share one.
+  std::string pool_scope_ ABSL_GUARDED_BY(mu_);
   // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
   // answers, finished fetches, exports to release.
   absl::flat_hash_map<const engine::Request*, SubmitOptions> placements_ ABSL_GUARDED_BY(mu_);

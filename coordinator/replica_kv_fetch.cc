@@ -182,16 +182,16 @@ std::string Replica::kv_layout() const {
 
 bool Replica::ReadsPoolOf(const Replica& source) const {
   if (&source == this) return false;
-  std::string machine, layout;
+  std::string scope, layout;
   std::vector<KvHeadRange> heads;
   {
     absl::MutexLock lock(&source.mu_);
-    machine = source.pool_machine_;
+    scope = source.pool_scope_;
     layout = source.kv_layout_;
     heads = source.endpoint_.kv_heads;
   }
   absl::MutexLock lock(&mu_);
-  if (machine.empty() || machine != pool_machine_ || layout != kv_layout_ ||
+  if (scope.empty() || scope != pool_scope_ || layout != kv_layout_ ||
       heads.size() != endpoint_.kv_heads.size()) {
     return false;
   }

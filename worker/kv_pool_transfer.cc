@@ -209,6 +209,15 @@ absl::Status WaitForOwnStep(const KvPoolDestination& dest,
 
 }  // namespace
 
+const std::string& KvPoolScope() {
+  static const std::string* scope = [] {
+    char link[256] = {};
+    const ssize_t size = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+    return new std::string(BootId() + "/" + (size > 0 ? std::string(link, size) : "pid:[?]"));
+  }();
+  return *scope;
+}
+
 grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCache* pool,
                                const KvPoolFence& fence,
                                const std::function<bool(uint64_t)>& current_stream,

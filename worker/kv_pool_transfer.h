@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
@@ -24,6 +25,10 @@ namespace loom::worker {
 ///
 /// Between machines, or between pools of different layouts (tensor-parallel sizes, KV
 /// dtypes, block sizes), blocks go through the host tiers instead (worker/kv_transfer).
+
+/// Within what other workers can read this process's pool: this machine's boot id and the
+/// process's PID namespace ("<boot id>/pid:[<inode>]"), computed once.
+const std::string& KvPoolScope();
 
 /// The ReadKvBlocks side for `request.pool_blocks`: waits until `step_state(after_step_id)` is
 /// kRan, then answers one chunk with `pool` (where and how to map it, and `fence`'s
