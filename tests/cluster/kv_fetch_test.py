@@ -55,6 +55,15 @@ def one(rig, request):
     return outcome
 
 
+def both_requests(rig, reference):
+    """The first request, then the second on the other replica, with the reference's tokens."""
+    first = one(rig, first_request())
+    second = one(rig, second_request())
+    assert first.replica_id != second.replica_id
+    assert second.token_ids == reference.token_ids, (second.text, reference.text)
+    return first, second
+
+
 @pytest.fixture(scope="module")
 def reference(binaries, tmp_path_factory):
     """The second request's tokens on a cluster that never fetches."""
@@ -70,10 +79,7 @@ def reference(binaries, tmp_path_factory):
 
 def test_a_prefix_another_replica_holds_is_fetched_instead_of_recomputed(binaries, reference, tmp_path):
     with h.running_cluster(tmp_path, {"replica-a": TIER, "replica-b": TIER}, routing="round-robin") as rig:
-        first = one(rig, first_request())
-        second = one(rig, second_request())
-        assert first.replica_id != second.replica_id
-        assert second.token_ids == reference.token_ids, (second.text, reference.text)
+        first, second = both_requests(rig, reference)
         status = rig.coordinator.replicas()
         fetcher = status[second.replica_id]
         assert fetcher.num_kv_fetches == 1, fetcher
@@ -113,10 +119,7 @@ def test_killing_the_source_mid_fetch_recomputes_and_leaks_nothing(binaries, ref
 
 def test_a_prefix_in_another_replicas_shared_pool_is_copied_pool_to_pool(binaries, reference, tmp_path):
     with h.running_cluster(tmp_path, {"replica-a": POOL, "replica-b": POOL}, routing="round-robin") as rig:
-        first = one(rig, first_request())
-        second = one(rig, second_request())
-        assert first.replica_id != second.replica_id
-        assert second.token_ids == reference.token_ids, (second.text, reference.text)
+        first, second = both_requests(rig, reference)
         status = rig.coordinator.wait_idle()
         fetcher = status[second.replica_id]
         assert fetcher.num_kv_fetches == fetcher.num_kv_pool_fetches == 1, fetcher

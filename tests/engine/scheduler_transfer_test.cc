@@ -53,6 +53,16 @@ void RunOnce(Scheduler& scheduler, uint64_t id, const std::vector<int32_t>& prom
   scheduler.Finish(id);
 }
 
+// Adds `prompt` as sequence `id` (one token to generate) and schedules it.
+SchedulerOutput Admit(Scheduler& scheduler, uint64_t id, const std::vector<int32_t>& prompt) {
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = id;
+  seq->prompt_ids = prompt;
+  seq->max_tokens = 1;
+  EXPECT_TRUE(scheduler.Add(std::move(seq)).ok());
+  return scheduler.Schedule();
+}
+
 // Steps of 1 to 4,096 tokens, each costing `fixed` plus `per_token` a token.
 void RecordLinearSteps(StepCostModel& cost, double fixed, double per_token) {
   for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
@@ -114,12 +124,7 @@ TEST(SchedulerTransferTest, ACommittedImportIsReloadedOnAdmission) {
   EXPECT_EQ(destination.CommitImport(import, Hashes(prompt, 3), prompt, ""), 2);
   for (int32_t slot : import.slots) EXPECT_FALSE(destination.host_tier()->reserved(slot));
 
-  auto seq = std::make_unique<Sequence>();
-  seq->seq_id = 2;
-  seq->prompt_ids = prompt;
-  seq->max_tokens = 1;
-  ASSERT_TRUE(destination.Add(std::move(seq)).ok());
-  const SchedulerOutput out = destination.Schedule();
+  const SchedulerOutput out = Admit(destination, 2, prompt);
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].num_cached_tokens, 12);  // 1 block from the pool, 2 reloaded
   int reloads = 0;
@@ -444,12 +449,7 @@ TEST(SchedulerPoolTransferTest, ACommittedImportIsAPrefixHitOnAdmission) {
   EXPECT_EQ(destination.block_manager().ref_count(import[0]), 0);
   for (int32_t block : kept) EXPECT_EQ(destination.block_manager().ref_count(block), 1);
 
-  auto seq = std::make_unique<Sequence>();
-  seq->seq_id = 2;
-  seq->prompt_ids = prompt;
-  seq->max_tokens = 1;
-  ASSERT_TRUE(destination.Add(std::move(seq)).ok());
-  const SchedulerOutput out = destination.Schedule();
+  const SchedulerOutput out = Admit(destination, 2, prompt);
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].num_cached_tokens, 12);  // every block from the pool
   EXPECT_TRUE(out.kv_copies.empty());                 // nothing reloaded

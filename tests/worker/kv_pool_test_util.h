@@ -1,16 +1,36 @@
 #pragma once
 
-// CPU KV pools for the KV transfer and push tests (kv_transfer_test.cc, kv_push_test.cc):
-// random contents, and the slice of KV heads a tensor-parallel rank holds.
+// CPU KV pools for the KV transfer and push tests (kv_transfer_test.cc, kv_push_test.cc,
+// kv_pool_transfer_test.cc): their model shape, random contents, a block as a host slot holds
+// it, and the slice of KV heads a tensor-parallel rank holds.
 
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <vector>
 
+#include "gtest/gtest.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "model/cpu_kv_cache.h"
 
 namespace loom::worker::test_util {
+
+/// The transfer tests' model: 3 layers of `kv_heads` KV heads of 64.
+inline common::ModelConfig PoolConfig(int64_t kv_heads = 2) {
+  common::ModelConfig config;
+  config.num_layers = 3;
+  config.num_kv_heads = kv_heads;
+  config.head_dim = 64;
+  return config;
+}
+
+/// Block `block` of `pool` as a host-tier slot holds it (every layer's K, V and scales).
+inline std::vector<uint8_t> SavedBlock(const model::CpuKvCache& pool, int32_t block) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(pool.block_bytes()));
+  uint8_t* out = bytes.data();
+  EXPECT_TRUE(pool.SaveBlocks(absl::MakeConstSpan(&block, 1), absl::MakeConstSpan(&out, 1)).ok());
+  return bytes;
+}
 
 /// Random bytes in every K/V value (and, for 8-bit pools, every scale) of `pool`.
 inline void RandomizeKvPool(const model::CpuKvCache& pool, uint32_t seed) {

@@ -18,26 +18,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-common::ModelConfig Config(int64_t kv_heads = 2) {
-  common::ModelConfig config;
-  config.num_layers = 3;
-  config.num_kv_heads = kv_heads;
-  config.head_dim = 64;
-  return config;
-}
+using test_util::PoolConfig;
 
 std::unique_ptr<model::CpuKvCache> Pool(bool shared, int64_t blocks = 150, int64_t kv_heads = 2,
                                         kernels::cpu::KvDtype dtype = kernels::cpu::KvDtype::kF16) {
-  return *model::CpuKvCache::Create(Config(kv_heads), blocks, 16, dtype, shared);
+  return *model::CpuKvCache::Create(PoolConfig(kv_heads), blocks, 16, dtype, shared);
 }
 
-// Block `block` as a host-tier slot would hold it (every layer's K, V and scales).
-std::vector<uint8_t> Saved(const model::CpuKvCache& pool, int32_t block) {
-  std::vector<uint8_t> bytes(static_cast<size_t>(pool.block_bytes()));
-  uint8_t* out = bytes.data();
-  EXPECT_TRUE(pool.SaveBlocks(absl::MakeConstSpan(&block, 1), absl::MakeConstSpan(&out, 1)).ok());
-  return bytes;
-}
+using test_util::SavedBlock;
 
 // A worker serving only ReadKvBlocks for pool blocks from `pool`, on a real local gRPC server,
 // with the fence a WorkerService would keep.
@@ -131,16 +119,16 @@ TEST_P(KvPoolTransferTest, BlocksAreCopiedStraightOutOfAnotherWorkersPool) {
     from.push_back((i * 37 + 5) % 150);
     to.push_back(149 - i);
   }
-  const std::vector<uint8_t> untouched = Saved(*dest_pool, 0);
+  const std::vector<uint8_t> untouched = SavedBlock(*dest_pool, 0);
   absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
       dest.Run(Fetch(source.address(), from, to));
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(fetched->bytes(), 100 * dest_pool->block_bytes());
   for (size_t i = 0; i < from.size(); ++i) {
-    ASSERT_EQ(Saved(*dest_pool, to[i]), Saved(*source_pool, from[i])) << i;
+    ASSERT_EQ(SavedBlock(*dest_pool, to[i]), SavedBlock(*source_pool, from[i])) << i;
   }
   EXPECT_EQ(dest.written, to);                 // the ledger forgets what they held
-  EXPECT_EQ(Saved(*dest_pool, 0), untouched);  // a block not named
+  EXPECT_EQ(SavedBlock(*dest_pool, 0), untouched);  // a block not named
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, KvPoolTransferTest,
@@ -159,7 +147,7 @@ TEST(KvPoolTransfer, TheSourceAnswersOnlyAfterTheStepThatWritesTheBlocks) {
   EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
   source.executed = 3;
   ASSERT_TRUE(dest.Run(request).ok());
-  EXPECT_EQ(Saved(*dest_pool, 9), Saved(*source_pool, 4));
+  EXPECT_EQ(SavedBlock(*dest_pool, 9), SavedBlock(*source_pool, 4));
 }
 
 TEST(KvPoolTransfer, ACopyDuringTheSourcesStreamChangeIsDiscarded) {
@@ -179,7 +167,7 @@ TEST(KvPoolTransfer, ANewerStreamOnTheDestinationWritesNothing) {
   Source source(source_pool.get());
   Dest dest(dest_pool.get());
   dest.stream = 43;  // the transfer was planned on stream 42
-  const std::vector<uint8_t> before = Saved(*dest_pool, 3);
+  const std::vector<uint8_t> before = SavedBlock(*dest_pool, 3);
   absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
       dest.Run(Fetch(source.address(), {1}, {3}));
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kAborted) << fetched.status();
@@ -187,7 +175,7 @@ TEST(KvPoolTransfer, ANewerStreamOnTheDestinationWritesNothing) {
   dest.ran = 6;
   fetched = dest.Run(Fetch(source.address(), {1}, {3}));
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kAborted) << fetched.status();
-  EXPECT_EQ(Saved(*dest_pool, 3), before);
+  EXPECT_EQ(SavedBlock(*dest_pool, 3), before);
   EXPECT_TRUE(dest.written.empty());
 }
 
@@ -204,7 +192,7 @@ TEST(KvPoolTransfer, TheDestinationWritesAfterItsPlansThatMayTouchTheBlocksRan) 
   EXPECT_TRUE(dest.written.empty());
   dest.ran = 7;
   ASSERT_TRUE(dest.Run(request).ok());
-  EXPECT_EQ(Saved(*dest_pool, 5), Saved(*source_pool, 2));
+  EXPECT_EQ(SavedBlock(*dest_pool, 5), SavedBlock(*source_pool, 2));
 }
 
 TEST(KvPoolTransfer, RefusesBadRequestsWithTheReason) {

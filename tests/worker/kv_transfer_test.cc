@@ -22,25 +22,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-common::ModelConfig Config(int64_t kv_heads = 2) {
-  common::ModelConfig config;
-  config.num_layers = 3;
-  config.num_kv_heads = kv_heads;
-  config.head_dim = 64;
-  return config;
-}
+using test_util::PoolConfig;
 
 std::unique_ptr<model::CpuKvCache> Pool(int64_t kv_heads = 2) {
-  return *model::CpuKvCache::Create(Config(kv_heads), 6, 16, kernels::cpu::KvDtype::kF16);
+  return *model::CpuKvCache::Create(PoolConfig(kv_heads), 6, 16, kernels::cpu::KvDtype::kF16);
 }
 
-// The pool's blocks as their host-tier slots would hold them.
-std::vector<uint8_t> Saved(const model::CpuKvCache& pool, int32_t block) {
-  std::vector<uint8_t> bytes(static_cast<size_t>(pool.block_bytes()));
-  uint8_t* out = bytes.data();
-  EXPECT_TRUE(pool.SaveBlocks(absl::MakeConstSpan(&block, 1), absl::MakeConstSpan(&out, 1)).ok());
-  return bytes;
-}
+using test_util::SavedBlock;
 
 // A worker that serves only ReadKvBlocks from `tier`, on a real local gRPC server.
 class Source final : public loom::v1::Worker::Service {
@@ -146,8 +134,8 @@ TEST_P(KvTransferTest, BlocksFetchedFromAnotherWorkerReloadBitIdentical) {
   EXPECT_EQ(fetched->bytes(), 2 * dest_pool->block_bytes());
   // Reloaded into the destination's pool: the source's blocks, bit for bit.
   ASSERT_TRUE(dest_tier->Apply({{false, 0, 1}, {false, 4, 2}}).ok());
-  EXPECT_EQ(Saved(*dest_pool, 0), Saved(*source_pool, 5));
-  EXPECT_EQ(Saved(*dest_pool, 4), Saved(*source_pool, 2));
+  EXPECT_EQ(SavedBlock(*dest_pool, 0), SavedBlock(*source_pool, 5));
+  EXPECT_EQ(SavedBlock(*dest_pool, 4), SavedBlock(*source_pool, 2));
   EXPECT_EQ(dest_tier->stats().bytes_fetched, 2 * dest_pool->block_bytes());
   EXPECT_EQ(dest_tier->stats().bytes_fetched_shared, GetParam() ? 2 * dest_pool->block_bytes() : 0);
 }
@@ -247,11 +235,11 @@ TEST_P(KvTransferTest, AFetchWhoseHoldClosedWritesNothing) {
       FetchKvBlocks(dest_tier.get(), request);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kCancelled) << late.status();
   ASSERT_TRUE(dest_tier->Apply({{false, 0, 1}}).ok());
-  EXPECT_EQ(Saved(*dest_pool, 0), Saved(*dest_pool, 3));
+  EXPECT_EQ(SavedBlock(*dest_pool, 0), SavedBlock(*dest_pool, 3));
   request.set_hold_id(10);
   ASSERT_TRUE(FetchKvBlocks(dest_tier.get(), request).ok());
   ASSERT_TRUE(dest_tier->Apply({{false, 0, 1}}).ok());
-  EXPECT_EQ(Saved(*dest_pool, 0), Saved(*source_pool, 2));
+  EXPECT_EQ(SavedBlock(*dest_pool, 0), SavedBlock(*source_pool, 2));
 }
 
 TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
@@ -286,7 +274,7 @@ TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
 // holding that slice would have computed them.
 std::unique_ptr<model::CpuKvCache> Slice(const model::CpuKvCache& full, int64_t begin,
                                          int64_t count, kernels::cpu::KvDtype dtype) {
-  auto pool = *model::CpuKvCache::Create(Config(count), 6, 16, dtype);
+  auto pool = *model::CpuKvCache::Create(PoolConfig(count), 6, 16, dtype);
   test_util::CopyKvHeads(full, begin, count, *pool);
   return pool;
 }
@@ -322,7 +310,7 @@ TEST_P(KvTransferTest, MapsKvHeadsBetweenTensorParallelSizes) {
        {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
     SCOPED_TRACE(kernels::cpu::KvDtypeName(dtype));
     // Three KV heads on two ranks (as SmolLM2's at -tp 2): head 1 on both.
-    auto full = *model::CpuKvCache::Create(Config(3), 6, 16, dtype);
+    auto full = *model::CpuKvCache::Create(PoolConfig(3), 6, 16, dtype);
     test_util::RandomizeKvPool(*full, 3);
     std::unique_ptr<model::CpuKvCache> rank0 = Slice(*full, 0, 2, dtype);
     std::unique_ptr<model::CpuKvCache> rank1 = Slice(*full, 1, 2, dtype);
@@ -334,7 +322,7 @@ TEST_P(KvTransferTest, MapsKvHeadsBetweenTensorParallelSizes) {
     Source source0(tier0.get()), source1(tier1.get()), source_full(full_tier.get());
 
     // Two ranks to one: every head, bit for bit the whole model's block.
-    auto dest = *model::CpuKvCache::Create(Config(3), 6, 16, dtype);
+    auto dest = *model::CpuKvCache::Create(PoolConfig(3), 6, 16, dtype);
     auto dest_tier = SlicedTier(*dest, 0, 3, dtype);
     loom::v1::FetchKvBlocksRequest request = Fetch(source0.address(), {1}, {0});
     request.clear_sources();
@@ -344,17 +332,17 @@ TEST_P(KvTransferTest, MapsKvHeadsBetweenTensorParallelSizes) {
         FetchKvBlocks(dest_tier.get(), request);
     ASSERT_TRUE(fetched.ok()) << fetched.status();
     ASSERT_TRUE(dest_tier->Apply({{false, 2, 0}}).ok());
-    EXPECT_EQ(Saved(*dest, 2), Saved(*full, 4));
+    EXPECT_EQ(SavedBlock(*dest, 2), SavedBlock(*full, 4));
 
     // One rank to two: rank 1's heads out of the whole model's slots.
-    auto half = *model::CpuKvCache::Create(Config(2), 6, 16, dtype);
+    auto half = *model::CpuKvCache::Create(PoolConfig(2), 6, 16, dtype);
     auto half_tier = SlicedTier(*half, 1, 2, dtype);
     request.clear_sources();
     AddSource(request, source_full.address(), 0, 0, 3);
     fetched = FetchKvBlocks(half_tier.get(), request);
     ASSERT_TRUE(fetched.ok()) << fetched.status();
     ASSERT_TRUE(half_tier->Apply({{false, 5, 0}}).ok());
-    EXPECT_EQ(Saved(*half, 5), Saved(*rank1, 4));
+    EXPECT_EQ(SavedBlock(*half, 5), SavedBlock(*rank1, 4));
 
     // A head no source holds, and a source that names no heads beside another: refused
     // by name, nothing left behind.
