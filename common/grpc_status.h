@@ -36,4 +36,11 @@ inline absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+/// The same, its message after `what` ("what: message"): which call failed.
+inline absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      what + ": " + status.error_message());
+}
+
 }  // namespace loom::common

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,15 +24,6 @@ namespace {
 // Blocks per batch: one fence section (a step-stream change waits for at most one), and the
 // caller's cancellation is seen between batches.
 constexpr size_t kBatchBlocks = 64;
-
-grpc::Status Refuse(grpc::StatusCode code, const std::string& message) {
-  return grpc::Status(code, message);
-}
-
-absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrFormat("%s: %s", what, status.error_message()));
-}
 
 loom::v1::SharedKvPool ToProto(const model::KvPoolShare& share) {
   loom::v1::SharedKvPool pool;
@@ -124,12 +114,8 @@ absl::StatusOr<loom::v1::SharedKvPool> AskForPool(const loom::v1::KvBlockSource&
                                                   const loom::v1::FetchKvBlocksRequest& request,
                                                   const grpc::ServerContext* caller) {
   auto stub = loom::v1::Worker::NewStub(common::CreateClusterChannel(source.address()));
-  std::unique_ptr<grpc::ClientContext> context =
-      caller != nullptr ? grpc::ClientContext::FromServerContext(*caller)
-                        : std::make_unique<grpc::ClientContext>();
-  context->set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
+  std::unique_ptr<grpc::ClientContext> context = NewReadContext(caller);
+  context->set_deadline(TransferDeadline(request));
   loom::v1::ReadKvBlocksRequest read;
   read.mutable_pool_blocks()->CopyFrom(source.pool_blocks());
   read.set_stream_id(source.stream_id());
@@ -140,7 +126,8 @@ absl::StatusOr<loom::v1::SharedKvPool> AskForPool(const loom::v1::KvBlockSource&
   loom::v1::KvBlockChunk chunk;
   const bool answered = reader->Read(&chunk);
   const grpc::Status finished = reader->Finish();
-  if (!finished.ok()) return FromGrpc(finished, "asking " + source.address() + " for its pool");
+  if (!finished.ok())
+    return common::FromGrpcStatus(finished, "asking " + source.address() + " for its pool");
   if (!answered || !chunk.has_pool()) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s answered without its pool (an older worker)", source.address()));
@@ -185,26 +172,13 @@ absl::Status CheckRequest(const KvPoolDestination& dest,
 absl::Status WaitForOwnStep(const KvPoolDestination& dest,
                             const loom::v1::FetchKvBlocksRequest& request,
                             const grpc::ServerContext* caller) {
-  if (request.dest_step_id() == 0) return absl::OkStatus();
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000);
-  for (;;) {
-    const KvStepState state = dest.step_state(request.dest_step_id());
-    if (state == KvStepState::kRan) return absl::OkStatus();
-    if (state == KvStepState::kGone || !dest.current_stream(request.dest_stream_id())) {
+  return WaitForStep(request.dest_step_id(), dest.step_state, TransferDeadline(request), [&] {
+    if (!dest.current_stream(request.dest_stream_id())) {
       return absl::AbortedError("this worker's step stream changed since the transfer was planned");
     }
-    if (caller != nullptr && caller->IsCancelled()) {
-      return absl::CancelledError("the fetch was cancelled by its caller");
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrFormat("step %d, after which the blocks may be written, did not run in time",
-                          request.dest_step_id()));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+    if (caller != nullptr && caller->IsCancelled()) return CallerCancelled();
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace
@@ -225,25 +199,26 @@ grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCach
                                grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
                                const std::function<KvStepState(uint64_t)>& step_state) {
   if (pool == nullptr) {
-    return Refuse(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no KV pool");
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no KV pool");
   }
   if (!request.offer_shared_memory()) {
-    return Refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                  "a pool's blocks are read through shared memory only (use the host tiers "
-                  "across machines)");
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "a pool's blocks are read through shared memory only (use the host tiers "
+                        "across machines)");
   }
   absl::StatusOr<model::KvPoolShare> share = pool->Share();
   if (!share.ok()) {
-    return Refuse(grpc::StatusCode::FAILED_PRECONDITION, std::string(share.status().message()));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        std::string(share.status().message()));
   }
   if (grpc::Status ran = WaitForKvStep(context, request.after_step_id(), step_state); !ran.ok()) {
     return ran;
   }
   for (const int32_t block : request.pool_blocks()) {
     if (block < 0 || block >= share->num_blocks) {
-      return Refuse(grpc::StatusCode::INVALID_ARGUMENT,
-                    absl::StrFormat("block %d is outside this worker's pool (%d blocks)", block,
-                                    share->num_blocks));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("block %d is outside this worker's pool (%d blocks)",
+                                          block, share->num_blocks));
     }
   }
   // Read after the step ran, under the stream that holds the blocks: a change since then
@@ -251,9 +226,9 @@ grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCach
   const std::optional<uint64_t> generation =
       fence.GenerationIf([&] { return current_stream(request.stream_id()); });
   if (!generation.has_value()) {
-    return Refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                  "the step stream that held the blocks is not this worker's any more (its "
-                  "coordinator lost it): they may be other sequences' now");
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "the step stream that held the blocks is not this worker's any more (its "
+                        "coordinator lost it): they may be other sequences' now");
   }
   loom::v1::KvBlockChunk chunk;
   loom::v1::SharedKvPool* shared = chunk.mutable_pool();
@@ -296,9 +271,7 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvPoolBlocks(
   const auto src = absl::MakeConstSpan(source.pool_blocks());
   const auto dst = absl::MakeConstSpan(request.dest_blocks());
   for (size_t begin = 0; begin < src.size(); begin += kBatchBlocks) {
-    if (caller != nullptr && caller->IsCancelled()) {
-      return absl::CancelledError("the fetch was cancelled by its caller");
-    }
+    if (caller != nullptr && caller->IsCancelled()) return CallerCancelled();
     const size_t count = std::min(kBatchBlocks, src.size() - begin);
     LOOM_RETURN_IF_ERROR(dest.fence->Write(request.hold_id(), current, [&] {
       // Told first: a block half-written by a failed copy holds nothing it held before.

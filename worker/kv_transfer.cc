@@ -29,42 +29,56 @@ const std::string& BootId() {
   return *id;
 }
 
+std::unique_ptr<grpc::ClientContext> NewReadContext(const grpc::ServerContext* caller) {
+  if (caller == nullptr) return std::make_unique<grpc::ClientContext>();
+  return grpc::ClientContext::FromServerContext(*caller);
+}
+
+std::chrono::system_clock::time_point TransferDeadline(
+    const loom::v1::FetchKvBlocksRequest& request) {
+  return std::chrono::system_clock::now() +
+         std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000);
+}
+
+absl::Status CallerCancelled() {
+  return absl::CancelledError("the fetch was cancelled by its caller");
+}
+
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrFormat("%s: %s", what, status.error_message()));
-}
-
 }  // namespace
 
-grpc::Status WaitForKvStep(grpc::ServerContext* context, uint64_t step_id,
-                           const std::function<KvStepState(uint64_t)>& step_state) {
+absl::Status WaitForStep(uint64_t step_id, const std::function<KvStepState(uint64_t)>& step_state,
+                         std::chrono::system_clock::time_point deadline,
+                         const std::function<absl::Status()>& while_waiting) {
   while (step_id > 0) {
     const KvStepState state = step_state(step_id);
     if (state == KvStepState::kRan) break;
     if (state == KvStepState::kGone) {
-      return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
+      return absl::FailedPreconditionError(
           absl::StrFormat("step %d, which writes the blocks, will not run here (its copies "
                           "failed, or it was planned before this worker's step stream began)",
                           step_id));
     }
-    if (context->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
-    }
-    if (std::chrono::system_clock::now() > context->deadline()) {
-      return grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
+    LOOM_RETURN_IF_ERROR(while_waiting());
+    if (std::chrono::system_clock::now() > deadline) {
+      return absl::DeadlineExceededError(
           absl::StrFormat("step %d, which writes the blocks, did not run in time", step_id));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
+}
+
+grpc::Status WaitForKvStep(grpc::ServerContext* context, uint64_t step_id,
+                           const std::function<KvStepState(uint64_t)>& step_state) {
+  return common::ToGrpcStatus(WaitForStep(step_id, step_state, context->deadline(), [context] {
+    return context->IsCancelled() ? absl::CancelledError("the reader went away") : absl::OkStatus();
+  }));
 }
 
 grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
@@ -217,24 +231,11 @@ absl::Status Deliver(KvHostTier* tier, const SourcePlan& plan, int32_t dest_slot
       guard);
 }
 
-// A context for one read from a source: a child of the FetchKvBlocks call being served
-// (when there is one), so cancelling that call cancels the read.
-std::unique_ptr<grpc::ClientContext> NewReadContext(const grpc::ServerContext* caller) {
-  if (caller == nullptr) return std::make_unique<grpc::ClientContext>();
-  return grpc::ClientContext::FromServerContext(*caller);
-}
-
-absl::Status CallerCancelled() {
-  return absl::CancelledError("the fetch was cancelled by its caller");
-}
-
 // Opens a ReadKvBlocks stream for the source's slots, with the transfer's deadline.
 std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> StartRead(
     loom::v1::Worker::Stub& stub, grpc::ClientContext& context, const SourcePlan& plan,
     const loom::v1::FetchKvBlocksRequest& request, bool offer_shared_memory) {
-  context.set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
+  context.set_deadline(TransferDeadline(request));
   loom::v1::ReadKvBlocksRequest read;
   read.mutable_host_slots()->CopyFrom(plan.source->slots());
   read.set_after_step_id(request.after_step_id());
@@ -286,7 +287,7 @@ std::optional<absl::Status> FetchShared(loom::v1::Worker::Stub& stub, KvHostTier
   if (!reader->Read(&first)) {
     const grpc::Status finished = reader->Finish();
     if (finished.ok()) return std::nullopt;
-    return FromGrpc(finished, "reading KV blocks from " + plan.source->address());
+    return common::FromGrpcStatus(finished, "reading KV blocks from " + plan.source->address());
   }
   if (!first.has_shared()) {
     // A source without a shared tier started streaming bytes: ask again for the stream.
@@ -297,7 +298,7 @@ std::optional<absl::Status> FetchShared(loom::v1::Worker::Stub& stub, KvHostTier
   const grpc::Status finished = reader->Finish();
   const absl::Status copied = finished.ok()
                                   ? CopyShared(tier, first.shared(), plan, request, caller)
-                                  : FromGrpc(finished, "reading KV blocks");
+                                  : common::FromGrpcStatus(finished, "reading KV blocks");
   // Not mappable from here: stream the bytes (the step wait has passed already).
   if (copied.code() == absl::StatusCode::kUnavailable && finished.ok()) return std::nullopt;
   return copied;
@@ -343,7 +344,7 @@ absl::Status FetchStreamed(loom::v1::Worker::Stub& stub, KvHostTier* tier, const
   if (!failure.ok()) context.TryCancel();
   const grpc::Status finished = reader->Finish();
   if (failure.ok() && !finished.ok()) {
-    failure = FromGrpc(finished, "reading KV blocks from " + plan.source->address());
+    failure = common::FromGrpcStatus(finished, "reading KV blocks from " + plan.source->address());
   }
   for (size_t i = 0; failure.ok() && i < received.size(); ++i) {
     if (received[i] != plan.slot_bytes) {

@@ -1,7 +1,9 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,6 +32,15 @@ inline constexpr int64_t kKvChunkBytes = 256 * 1024;
 /// same one share /proc and memory, so one can map the other's tier.
 const std::string& BootId();
 
+/// A context for one read from a source worker: a child of the FetchKvBlocks call being
+/// served (`caller`, when there is one), so cancelling that call cancels the read.
+std::unique_ptr<grpc::ClientContext> NewReadContext(const grpc::ServerContext* caller);
+/// A fetch's deadline: its timeout_ms from now (0: 30 s).
+std::chrono::system_clock::time_point TransferDeadline(
+    const loom::v1::FetchKvBlocksRequest& request);
+/// What a fetch whose caller cancelled it returns.
+absl::Status CallerCancelled();
+
 /// Where a step stands on this worker, for a reader waiting for the copies it carries.
 enum class KvStepState {
   kPending,  // not run yet
@@ -38,7 +49,14 @@ enum class KvStepState {
              // stream (the coordinator lost this worker since; the slots may hold other data)
 };
 
-/// Waits until `step_state(step_id)` is kRan (0: at once), polled until the call's deadline:
+/// Waits until `step_state(step_id)` is kRan (0: at once), polled every millisecond until
+/// `deadline`: FAILED_PRECONDITION for a step that is kGone, `while_waiting()`'s error as soon
+/// as it has one (a caller gone, a stream changed), DEADLINE_EXCEEDED past the deadline.
+absl::Status WaitForStep(uint64_t step_id, const std::function<KvStepState(uint64_t)>& step_state,
+                         std::chrono::system_clock::time_point deadline,
+                         const std::function<absl::Status()>& while_waiting);
+
+/// WaitForStep for a ReadKvBlocks call, until its deadline:
 /// FAILED_PRECONDITION for a step that is kGone, CANCELLED / DEADLINE_EXCEEDED for the call.
 grpc::Status WaitForKvStep(grpc::ServerContext* context, uint64_t step_id,
                            const std::function<KvStepState(uint64_t)>& step_state);

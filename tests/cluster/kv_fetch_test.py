@@ -64,6 +64,24 @@ def both_requests(rig, reference):
     return first, second
 
 
+def recomputed_after_the_source_dies(rig, stream, reference):
+    """replica-a killed while `stream`'s request, placed on replica-b, waits for its prefix: the
+    fetch fails (counted and logged), the request recomputes it with the reference's tokens, and
+    replica-b holds no block afterwards."""
+    time.sleep(0.5)
+    rig.workers["replica-a"].kill()
+    second = stream.join(timeout=180)
+    assert second.finished, second.describe()
+    assert second.replica_id == "replica-b"
+    assert second.token_ids == reference.token_ids
+    status = rig.coordinator.wait_idle(timeout=30)["replica-b"]
+    assert status.num_kv_fetch_failures == 1, status
+    assert status.num_kv_fetches == 0
+    assert status.num_free_blocks == status.num_kv_blocks
+    assert "fetching a prefix from replica replica-a failed, recomputing it" in \
+        rig.coordinator.log_tail(20000)
+
+
 @pytest.fixture(scope="module")
 def reference(binaries, tmp_path_factory):
     """The second request's tokens on a cluster that never fetches."""
@@ -103,18 +121,7 @@ def test_killing_the_source_mid_fetch_recomputes_and_leaks_nothing(binaries, ref
         stream = h.Stream(rig.coordinator.stub, second_request(), 180)
         # replica-b asks replica-a for the prefix; replica-a's plan copying it out sleeps 1.5 s,
         # and replica-b's worker waits on replica-a's for it.
-        time.sleep(0.5)
-        rig.workers["replica-a"].kill()
-        second = stream.join(timeout=180)
-        assert second.finished, second.describe()
-        assert second.replica_id == "replica-b"
-        assert second.token_ids == reference.token_ids
-        status = rig.coordinator.wait_idle(timeout=30)["replica-b"]
-        assert status.num_kv_fetch_failures == 1, status
-        assert status.num_kv_fetches == 0
-        assert status.num_free_blocks == status.num_kv_blocks
-        assert "fetching a prefix from replica replica-a failed, recomputing it" in \
-            rig.coordinator.log_tail(20000)
+        recomputed_after_the_source_dies(rig, stream, reference)
 
 
 def test_a_prefix_in_another_replicas_shared_pool_is_copied_pool_to_pool(binaries, reference, tmp_path):
@@ -147,14 +154,4 @@ def test_killing_the_source_mid_pool_fetch_recomputes_and_leaks_nothing(binaries
         stream_a = h.Stream(rig.coordinator.stub, first_request(), 180)
         assert stream_a.wait_tokens(1, timeout=120)
         stream = h.Stream(rig.coordinator.stub, second_request(), 180)
-        time.sleep(0.5)
-        rig.workers["replica-a"].kill()
-        second = stream.join(timeout=180)
-        assert second.finished, second.describe()
-        assert second.replica_id == "replica-b"
-        assert second.token_ids == reference.token_ids
-        status = rig.coordinator.wait_idle(timeout=30)["replica-b"]
-        assert status.num_kv_fetch_failures == 1 and status.num_kv_fetches == 0, status
-        assert status.num_free_blocks == status.num_kv_blocks
-        assert "fetching a prefix from replica replica-a failed, recomputing it" in \
-            rig.coordinator.log_tail(20000)
+        recomputed_after_the_source_dies(rig, stream, reference)

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "model/cpu_kv_cache.h"
 #include "tests/worker/kv_pool_test_util.h"
+#include "tests/worker/local_server.h"
 
 namespace loom::worker {
 namespace {
@@ -31,17 +32,9 @@ using test_util::SavedBlock;
 // with the fence a WorkerService would keep.
 class Source final : public loom::v1::Worker::Service {
  public:
-  explicit Source(const model::KvCache* pool) : pool_(pool), fence_(*KvPoolFence::Create()) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~Source() override { Stop(); }
-  void Stop() {
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  explicit Source(const model::KvCache* pool) : pool_(pool), fence_(*KvPoolFence::Create()) {}
+  void Stop() { server_.Stop(); }
+  std::string address() const { return server_.address(); }
   std::atomic<uint64_t> executed{0};
   std::atomic<uint64_t> stream{9};  // the source's current step stream
   // A new step stream begins right after the answer (before the reader copies).
@@ -63,8 +56,7 @@ class Source final : public loom::v1::Worker::Service {
  private:
   const model::KvCache* pool_;
   std::unique_ptr<KvPoolFence> fence_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LocalServer server_{this};
 };
 
 loom::v1::FetchKvBlocksRequest Fetch(const std::string& address, std::vector<int32_t> source,

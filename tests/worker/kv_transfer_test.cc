@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "model/cpu_kv_cache.h"
 #include "tests/worker/kv_pool_test_util.h"
+#include "tests/worker/local_server.h"
 
 namespace loom::worker {
 namespace {
@@ -33,17 +34,9 @@ using test_util::SavedBlock;
 // A worker that serves only ReadKvBlocks from `tier`, on a real local gRPC server.
 class Source final : public loom::v1::Worker::Service {
  public:
-  explicit Source(const KvHostTier* tier) : tier_(tier) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~Source() override { Stop(); }
-  void Stop() {
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  explicit Source(const KvHostTier* tier) : tier_(tier) {}
+  void Stop() { server_.Stop(); }
+  std::string address() const { return server_.address(); }
   std::atomic<uint64_t> executed{0};
   std::atomic<uint64_t> gone{0};  // a step whose copies will never run
 
@@ -58,22 +51,15 @@ class Source final : public loom::v1::Worker::Service {
 
  private:
   const KvHostTier* tier_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LocalServer server_{this};
 };
 
 // A worker that serves only FetchKvBlocks into `tier`, as WorkerService does (the call's
 // context is the fetch's caller), on a real local gRPC server.
 class Destination final : public loom::v1::Worker::Service {
  public:
-  explicit Destination(KvHostTier* tier) : tier_(tier) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~Destination() override { server_->Shutdown(std::chrono::system_clock::now()); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  explicit Destination(KvHostTier* tier) : tier_(tier) {}
+  std::string address() const { return server_.address(); }
 
   grpc::Status FetchKvBlocks(grpc::ServerContext* context,
                              const loom::v1::FetchKvBlocksRequest* request,
@@ -95,8 +81,7 @@ class Destination final : public loom::v1::Worker::Service {
 
  private:
   KvHostTier* tier_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LocalServer server_{this};
 };
 
 // Whether fetches may map the source's tier (true) or must stream it over TCP.
