@@ -38,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
+#include "bench/profile_range.h"
 #include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/random_fill.h"
@@ -70,6 +71,9 @@ constexpr int64_t kBlocksPerSeq = (kTokensPerSeq + kBlockSize - 1) / kBlockSize;
 // head (2.1 GB) are a 5.2 GB model, past the 4 GB where batch-1 decode reads from DRAM on
 // any current GPU, built and warmed in seconds.
 constexpr int64_t kQuickLayers = 7;
+// --profile keeps two: every kernel of a layer is in the profiled step twice (the profiler
+// replays each kernel launch many times), with the embedding, LM head and sampling.
+constexpr int64_t kProfileLayers = 2;
 
 common::ModelConfig Llama3_8B() {
   common::ModelConfig c;
@@ -133,8 +137,10 @@ void Prefill(worker::CudaForwardPass& forward_pass, int64_t num_seqs, int64_t vo
 }
 
 // Seconds per greedy decode step of sequences [0, batch) over kDecodeSteps steps at
-// positions kPromptTokens + kWarmupSteps onwards (after kWarmupSteps warm-up steps).
-double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
+// positions kPromptTokens + kWarmupSteps onwards (after kWarmupSteps warm-up steps). Under
+// --profile with a `profile_label`, the last step runs inside a profiler range of that name.
+double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch,
+                         const char* profile_label = nullptr) {
   std::vector<int32_t> tokens(batch);
   for (int64_t s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>((s * 7919) % 128000);
   std::vector<int32_t> next;
@@ -156,8 +162,15 @@ double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
       rows.positions.push_back(position);
       rows.penalty_indptr.push_back(0);
     }
-    CheckOk(forward_pass.StepAndSample(step_batch, rows, next, logprobs, host_logits),
-            "decode step");
+    const auto step_and_sample = [&] {
+      return forward_pass.StepAndSample(step_batch, rows, next, logprobs, host_logits);
+    };
+    if (profile_label != nullptr && ProfileRangesEnabled() &&
+        step + 1 == kWarmupSteps + kDecodeSteps) {
+      ProfileRange(nullptr, profile_label, step_and_sample);
+    } else {
+      CheckOk(step_and_sample(), "decode step");
+    }
     tokens = next;
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -377,7 +390,7 @@ int Run(bool quick) {
   const std::string device = kernels::CudaDeviceDescription(0);
   std::printf("cuda_forward_pass_bench on %s\n", device.c_str());
   common::ModelConfig config = Llama3_8B();
-  if (quick) config.num_layers = kQuickLayers;
+  if (quick) config.num_layers = ProfileRangesEnabled() ? kProfileLayers : kQuickLayers;
   double copy = 0;
   {
     cudaStream_t stream;
@@ -417,7 +430,10 @@ int Run(bool quick) {
       if (batch > max_batch) break;
       ThroughputRow row;
       row.batch = batch;
-      row.step_seconds = DecodeStepSeconds(*forward_pass, batch);
+      const std::string label =
+          absl::StrFormat("decode step batch %d, graphs on, %d layers", batch, config.num_layers);
+      row.step_seconds =
+          DecodeStepSeconds(*forward_pass, batch, batch == 1 ? label.c_str() : nullptr);
       row.kv_bytes = batch * mean_context * KvBytesPerToken(config);
       row.tokens_per_second = batch / row.step_seconds;
       row.bound_tokens_per_second = batch * copy / (weight_bytes + row.kv_bytes);

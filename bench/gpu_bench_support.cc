@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/machine_limits.h"
+#include "bench/profile_range.h"
 #include "kernels/cuda/random_fill.h"
 
 namespace loom::bench {
@@ -18,8 +19,11 @@ bool QuickMode(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--quick") {
       quick = true;
+    } else if (std::string_view(argv[i]) == "--profile") {
+      quick = true;
+      EnableProfileRanges();
     } else {
-      std::fprintf(stderr, "%s: unknown argument %s (only --quick)\n", argv[0], argv[i]);
+      std::fprintf(stderr, "%s: unknown argument %s (--quick or --profile)\n", argv[0], argv[i]);
       std::exit(2);
     }
   }

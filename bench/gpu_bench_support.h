@@ -29,7 +29,9 @@ namespace loom::bench {
 
 /// Whether the command line asks for the short form (`--quick`: the figures the GPU
 /// verification window needs, under 90 s for the three GPU benchmarks together; see
-/// tests/gpu/quick.sh). Exits 2 naming any other argument.
+/// tests/gpu/quick.sh). `--profile` is the short form with each measured shape launched once
+/// more inside a profiler range (bench/profile_range.h; tests/gpu/profile.sh). Exits 2 naming
+/// any other argument.
 bool QuickMode(int argc, char** argv);
 
 /// Exits 1 with "`what`: status" unless `status` is OK.

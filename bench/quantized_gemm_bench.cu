@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
+#include "bench/profile_range.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/quantized_gemm_candidates.h"
@@ -41,7 +42,6 @@ namespace {
 using kernels::cuda::DataType;
 using kernels::cuda::DeviceBuffer;
 
-constexpr int kRepeats = 11;
 constexpr int64_t kGroup = 128;
 constexpr int64_t kKQuantGroup = 16;  // Q6_K's sub-blocks
 
@@ -169,7 +169,7 @@ ShapeOperands MakeOperands(int64_t n, int64_t k, bool fp8, uint32_t& seed) {
 void TimeCublas(cudaStream_t stream, cublasHandle_t cublas, const ShapeOperands& o, Row& row) {
   const int64_t n = row.n, k = row.k, m = row.m;
   const float alpha = 1.0f, beta = 0.0f;
-  row.cublas_us = MedianGraphLaunchUs(stream, [&](int i) {
+  const auto gemm = [&](int i) {
     // Row-major Y[m, n] = X[m, k] W[n, k]^T as column-major Y^T = W^T(op T) X^T.
     const cublasStatus_t status =
         cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -179,7 +179,10 @@ void TimeCublas(cudaStream_t stream, cublasHandle_t cublas, const ShapeOperands&
     return status == CUBLAS_STATUS_SUCCESS
                ? absl::OkStatus()
                : absl::InternalError(absl::StrFormat("cublasGemmEx: %d", static_cast<int>(status)));
-  });
+  };
+  row.cublas_us = MedianGraphLaunchUs(stream, gemm);
+  ProfileRange(stream, absl::StrFormat("cublas f16 m %d n %d k %d", m, n, k),
+               [&] { return gemm(0); });
 }
 
 // W4A16 (INT4, group kGroup) and W8A16 (INT8 per channel) through LaunchQuantGemm at row's
@@ -205,23 +208,29 @@ void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
 
   p.format = kernels::cuda::QuantWeightFormat::kInt4;
   p.group_size = kGroup;
-  row.w4_us = MedianGraphLaunchUs(stream, [&](int i) {
+  const auto w4 = [&](int i) {
     kernels::cuda::QuantGemmParams q = p;
     q.weight = o.w4.weight(i);
     q.scales = o.w4.scale(i);
     return kernels::cuda::LaunchQuantGemm(q, stream);
-  });
+  };
+  row.w4_us = MedianGraphLaunchUs(stream, w4);
+  ProfileRange(stream, absl::StrFormat("w4a16 g%d m %d n %d k %d", kGroup, m, n, k),
+               [&] { return w4(0); });
   const double w4_bytes = static_cast<double>(n * k / 2 + n * k / kGroup * 4);
   row.w4_weight_gbs = w4_bytes / (row.w4_us * 1e-6) / 1e9;
 
   p.format = kernels::cuda::QuantWeightFormat::kInt8;
   p.group_size = 0;
-  row.w8_us = MedianGraphLaunchUs(stream, [&](int i) {
+  const auto w8 = [&](int i) {
     kernels::cuda::QuantGemmParams q = p;
     q.weight = o.w8.weight(i);
     q.scales = o.w8.scale(i);
     return kernels::cuda::LaunchQuantGemm(q, stream);
-  });
+  };
+  row.w8_us = MedianGraphLaunchUs(stream, w8);
+  ProfileRange(stream, absl::StrFormat("w8a16 per channel m %d n %d k %d", m, n, k),
+               [&] { return w8(0); });
 
   p.group_size = kKQuantGroup;
   p.scale_type = kernels::cuda::QuantScaleType::kF32;

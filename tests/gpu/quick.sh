@@ -83,7 +83,7 @@ for step in ${ONLY//,/ }; do
 done
 wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
 # The tuning spaces of the quantized GEMM and of decode attention are not served: their tests
-# run with the sweeps (docs/gpu_verification.md, "Tuning the kernels").
+# run with the sweeps (docs/gpu_verification.md, "Tuning and profiling the kernels").
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*-CudaQuantGemmTest.EveryCandidateMatchesReference:CudaPagedDecodeTest.EveryCandidateMatchesReference'
 MODEL_FILTER='CudaDevice*:CudaKvPoolShare*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'

@@ -23,8 +23,10 @@ def test_dry_run_lists_the_steps_and_their_limits():
     run = subprocess.run(["bash", str(SWEEP), "--dry-run", "--bundle", str(BUNDLE)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    steps = [line.split()[0] for line in run.stdout.splitlines()[1:]]
-    assert steps == ["tests", "gemm", "attention"], run.stdout
+    steps = [line.split() for line in run.stdout.splitlines()[1:]]
+    assert [s[0] for s in steps] == ["tests", "gemm", "attention", "profile"], run.stdout
+    # The documented call's timeout_s is 300: the limits leave room to unpack the bundle.
+    assert sum(int(s[1]) for s in steps) <= 270, run.stdout
 
 
 def test_without_a_gpu_nothing_is_measured_and_the_files_are_left(tmp_path):
@@ -38,6 +40,8 @@ def test_without_a_gpu_nothing_is_measured_and_the_files_are_left(tmp_path):
     tests = (tmp_path / "candidate_tests.txt").read_text()
     assert "EveryCandidateMatchesReference" in tests  # both spaces' tests, skipped here
     assert tests.count("EveryCandidateMatchesReference") >= 2
+    profile = (tmp_path / "profile.txt").read_text()
+    assert profile.startswith("ncu: unavailable") or "0 kernels profiled" in profile, profile
 
 
 def test_bad_arguments_and_a_missing_bundle_exit_2(tmp_path):
