@@ -19,6 +19,10 @@
 // graphs tell apart from the kernel's own time.) Writes cuda_attention.json into $OUT when set, else
 // bench/results/gpu/ under LOOM_SOURCE_DIR (or the current directory). Exits 0 with a
 // message where no GPU is.
+//
+// --sweep (tests/gpu/sweep.sh) times the tuning spaces instead: decode's tilings, decode's split
+// counts, and prefill's tilings, into cuda_attention_sweep.json. --profile: the --quick
+// shapes, each launched once more inside a profiler range (bench/profile_range.h).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,6 +41,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +53,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_candidates.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_candidates.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::bench {
@@ -309,11 +315,73 @@ std::string SweepSplits(cudaStream_t stream, double copy) {
   return rows_json;
 }
 
+// --sweep, third part: BF16 prefill through every tiling of its tuning space
+// (prefill_attention_candidates.h; index 0 is the dispatched one): whole prompts of 1k, 4k and
+// 8k tokens and a 2k-token chunk after a 6k-token cached prefix; per row the dispatched tiling
+// against the fastest, as a share of the BF16 GEMM rate: the JSON rows of
+// cuda_attention_sweep.json's "prefill".
+std::string SweepPrefill(cudaStream_t stream, double gemm_bf16) {
+  std::printf("\nsweep: prefill tilings (bf16, causal, 32/8 heads, d 128); dispatched against "
+              "the fastest\n%6s %8s | %9s %7s | %-14s %9s %7s %6s\n",
+              "query", "context", "t0 us", "/gemm", "best", "us", "/gemm", "x");
+  std::string rows_json;
+  for (const auto [q_len, context] : {std::pair<int64_t, int64_t>{1024, 1024},
+                                      {4096, 4096},
+                                      {8192, 8192},
+                                      {2048, 8192}}) {
+    Pool pool = MakePool(DataType::kBF16, 1, context, 80);
+    DeviceBuffer q = Random(DataType::kBF16, q_len * kNumHeads * kHeadDim, 81);
+    DeviceBuffer out = AllocateOrExit(q_len * kNumHeads * kHeadDim * 2);
+    DeviceBuffer query_start = Upload(std::vector<int32_t>{0, static_cast<int32_t>(q_len)});
+    kernels::cuda::PagedPrefillParams p;
+    p.q = q.data();
+    p.out = out.data();
+    p.q_dtype = p.out_dtype = DataType::kBF16;
+    p.cache = pool.view(DataType::kBF16);
+    p.query_start = static_cast<const int32_t*>(query_start.data());
+    p.context_len = static_cast<const int32_t*>(pool.context_len.data());
+    p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
+    p.block_indices = static_cast<const int32_t*>(pool.indices.data());
+    p.num_seqs = 1;
+    p.num_heads = kNumHeads;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    p.max_query_len = q_len;
+    // Query j sits at position context - q_len + j and attends to that many + 1 positions.
+    const double attended =
+        static_cast<double>(q_len) * (context - q_len) + q_len * (q_len + 1) / 2.0;
+    const double flops = 4.0 * kHeadDim * kNumHeads * attended;
+    std::vector<double> seconds;
+    for (int c = 0; c < kernels::cuda::PagedPrefillCandidateCount(); ++c) {
+      seconds.push_back(TimeSeconds(stream, [&](int) {
+        return kernels::cuda::LaunchPagedPrefillCandidate(p, c, stream);
+      }));
+    }
+    const int best = static_cast<int>(std::min_element(seconds.begin(), seconds.end()) -
+                                      seconds.begin());
+    std::printf("%6ld %8ld | %9.1f %7.3f | %-14s %9.1f %7.3f %5.2fx\n", static_cast<long>(q_len),
+                static_cast<long>(context), seconds[0] * 1e6, flops / seconds[0] / gemm_bf16,
+                std::string(kernels::cuda::PagedPrefillCandidateName(best)).c_str(),
+                seconds[best] * 1e6, flops / seconds[best] / gemm_bf16, seconds[0] / seconds[best]);
+    std::fflush(stdout);
+    if (!rows_json.empty()) rows_json += ",\n";
+    rows_json += absl::StrFormat("    {\"query\": %d, \"context\": %d, \"tflop\": %.4f, \"us\": {",
+                                 q_len, context, flops / 1e12);
+    for (size_t c = 0; c < seconds.size(); ++c) {
+      rows_json += absl::StrFormat(
+          "%s\"%s\": %.2f", c ? ", " : "",
+          std::string(kernels::cuda::PagedPrefillCandidateName(static_cast<int>(c))),
+          seconds[c] * 1e6);
+    }
+    rows_json += "}}";
+  }
+  return rows_json;
+}
+
 // --sweep: decode through every tiling of the tuning space (paged_attention_candidates.h;
 // index 0 is the dispatched one) at batch 1-128 x context 1k-16k, F16 and INT8 K/V; per row
 // the dispatched tiling against the fastest, K/V bytes per second over the copy bandwidth;
 // every timing into cuda_attention_sweep.json.
-int Sweep(cudaStream_t stream, double copy, const std::string& device) {
+int Sweep(cudaStream_t stream, double copy, double gemm_bf16, const std::string& device) {
   std::printf("\nsweep: decode tilings (32/8 heads, d 128); dispatched against the fastest\n");
   std::printf("%5s %6s %8s | %9s %7s | %-12s %9s %7s %6s\n", "kv", "batch", "context",
               "t0 us", "/copy", "best", "us", "/copy", "x");
@@ -405,13 +473,15 @@ int Sweep(cudaStream_t stream, double copy, const std::string& device) {
     }
   }
   const std::string splits_json = SweepSplits(stream, copy);
+  const std::string prefill_json = SweepPrefill(stream, gemm_bf16);
   std::string json = "{\n";
   json += absl::StrFormat(
       "  \"bench\": \"cuda_attention_sweep\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n"
-      "  \"copy_bandwidth_gbs\": %.1f,\n",
-      UtcNow(), device, copy / 1e9);
+      "  \"copy_bandwidth_gbs\": %.1f,\n  \"gemm_bf16_tflops\": %.2f,\n",
+      UtcNow(), device, copy / 1e9, gemm_bf16 / 1e12);
   json += "  \"rows\": [\n" + rows_json + "\n  ],\n";
-  json += "  \"splits\": [\n" + splits_json + "\n  ]\n}\n";
+  json += "  \"splits\": [\n" + splits_json + "\n  ],\n";
+  json += "  \"prefill\": [\n" + prefill_json + "\n  ]\n}\n";
   return loom::bench::WriteGpuResult("cuda_attention_sweep", json) ? 0 : 1;
 }
 
@@ -434,8 +504,10 @@ int Run(bool quick, bool sweep) {
 
   const double copy = MeasureDeviceCopyBandwidth(stream);
   if (sweep) {
-    std::printf("limits: copy %.0f GB/s (read + write)\n", copy / 1e9);
-    const int status = Sweep(stream, copy, device);
+    const double gemm_bf16 = GemmRate(cublas, stream, DataType::kBF16);
+    std::printf("limits: copy %.0f GB/s (read + write), cuBLAS GEMM BF16 %.1f TFLOP/s\n",
+                copy / 1e9, gemm_bf16 / 1e12);
+    const int status = Sweep(stream, copy, gemm_bf16, device);
     cublasDestroy(cublas);
     BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
     return status;

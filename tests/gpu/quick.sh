@@ -82,9 +82,9 @@ for step in ${ONLY//,/ }; do
     { echo "quick.sh: --steps: unknown step $step" >&2; exit 2; }
 done
 wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
-# The tuning spaces of the quantized GEMM and of decode attention are not served: their tests
-# run with the sweeps (docs/gpu_verification.md, "Tuning and profiling the kernels").
-KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*-CudaQuantGemmTest.EveryCandidateMatchesReference:CudaPagedDecodeTest.EveryCandidateMatchesReference'
+# The tuning spaces of the quantized GEMM and of decode and prefill attention are not served:
+# their tests run with the sweeps (docs/gpu_verification.md, "Tuning and profiling the kernels").
+KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*-CudaQuantGemmTest.EveryCandidateMatchesReference:CudaPagedDecodeTest.EveryCandidateMatchesReference:CudaPagedPrefillTest.EveryCandidateMatchesReference'
 MODEL_FILTER='CudaDevice*:CudaKvPoolShare*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'

@@ -8,7 +8,9 @@
 * cuda_attention_sweep.json: per KV dtype, every decode member against the dispatched one
   (index 0), the same way, overall and per batch size; and, from its "splits" rows, per
   (batch, context) the split count that ran fastest, its partition length and its gain over
-  the heuristic's choice (what kPagedDecodeMinPartition should be).
+  the heuristic's choice (what kPagedDecodeMinPartition should be); and, from its "prefill"
+  rows, every prefill tiling against the dispatched one (index 0) over the rows, with the
+  dispatched tiling's and the best member's share of the BF16 GEMM rate.
 
     tests/gpu/sweep_report.py DIR    # the folder holding the JSON files (sweep.sh's $OUT)
 """
@@ -74,6 +76,24 @@ def attention_report(data, top=3):
             lines.append(f"{kv} {label} ({len(subset)} rows): " + (
                 "; ".join(f"{m} {g:.2f}x (worst {w:.2f}x)" for g, w, m in best)
                 or "no member in every row"))
+    prefill = data.get("prefill", [])
+    if prefill:
+        ratios = defaultdict(list)
+        for row in prefill:
+            names = list(row["us"])
+            for name in names[1:]:
+                ratios[name].append(row["us"][names[0]] / row["us"][name])
+        best = _ranked(ratios, len(prefill), top)
+        lines.append(f"prefill ({len(prefill)} rows, dispatched {list(prefill[0]['us'])[0]}): " + (
+            "; ".join(f"{m} {g:.2f}x (worst {w:.2f}x)" for g, w, m in best)
+            or "no member in every row"))
+        gemm = data.get("gemm_bf16_tflops")
+        for row in prefill if gemm else []:
+            name, us = min(row["us"].items(), key=lambda kv: kv[1])
+            dispatched = list(row["us"].values())[0]
+            lines.append(f"prefill {row['query']} over {row['context']}: dispatched "
+                         f"{row['tflop'] / dispatched * 1e6 / gemm:.3f} of the GEMM rate, "
+                         f"best {name} {row['tflop'] / us * 1e6 / gemm:.3f}")
     for row in data.get("splits", []):
         timed = {int(s): us for s, us in row["us"].items()}
         splits = min(timed, key=timed.get)

@@ -56,6 +56,23 @@ def test_attention_split_rows_name_the_fastest_split_and_its_gain():
     assert "splits batch 16 x 4096: best 1 (4096-token partitions) 1.00x the heuristic" in lines
 
 
+def test_prefill_members_ranked_with_their_share_of_the_gemm_rate():
+    data = {"rows": [], "gemm_bf16_tflops": 800.0, "prefill": [
+        {"query": 4096, "context": 4096, "tflop": 0.2, "us": {"w4_m2_n32": 1000.0,
+                                                             "w4_m2_n64": 500.0,
+                                                             "w8_m1_n32": 2000.0}},
+        {"query": 2048, "context": 8192, "tflop": 0.4, "us": {"w4_m2_n32": 1000.0,
+                                                             "w4_m2_n64": 800.0,
+                                                             "w8_m1_n32": 1000.0}},
+    ]}
+    lines = sweep_report.attention_report(data)
+    assert lines[0] == ("prefill (2 rows, dispatched w4_m2_n32): w4_m2_n64 1.58x (worst 1.25x); "
+                        "w8_m1_n32 0.71x (worst 0.50x)")
+    # 0.2 TFLOP in 1 ms is 200 TFLOP/s, a quarter of 800; w4_m2_n64 ran it in half the time.
+    assert "prefill 4096 over 4096: dispatched 0.250 of the GEMM rate, best w4_m2_n64 0.500" in lines
+    assert "prefill 2048 over 8192: dispatched 0.500 of the GEMM rate, best w4_m2_n64 0.625" in lines
+
+
 def test_the_script_reads_a_folder_and_refuses_an_empty_one(tmp_path):
     (tmp_path / "quantized_gemm_sweep.json").write_text(json.dumps(
         {"rows": [gemm_row(1, 10.0, [("a", 2, 5.0)])]}))

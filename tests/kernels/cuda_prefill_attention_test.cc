@@ -11,6 +11,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_candidates.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace loom::kernels::cuda {
@@ -117,6 +118,7 @@ struct PrefillCase {
   std::vector<SeqShape> seqs;
   int64_t extra_q_heads = 0;  // q rows padded as in a fused QKV buffer (q_stride)
   bool small_grid = false;    // max_query_len hint of 1: blocks loop over their tiles
+  int candidate = -1;         // >= 0: that tiling of the tuning space, output in the cache dtype
 };
 
 // Attention sinks for `num_heads` query heads: random in [-2, 3] (comparable to the scores,
@@ -144,7 +146,8 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
   SCOPED_TRACE(testing::Message() << "dtype=" << DataTypeName(dtype)
                                   << " kv_heads=" << c.num_kv_heads << " group=" << c.group
                                   << " head_dim=" << c.head_dim << " block=" << c.block_size
-                                  << " seqs=" << c.seqs.size() << " small_grid=" << c.small_grid);
+                                  << " seqs=" << c.seqs.size() << " small_grid=" << c.small_grid
+                                  << " candidate=" << c.candidate);
   const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
   const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
   std::vector<int32_t> query_start{0}, context_lens, indptr{0}, indices;
@@ -226,6 +229,7 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
     LOOM_ASSERT_OK_AND_ASSIGN(d_sinks, testing_util::UploadRaw(head_sinks));
   }
   for (DataType out_dtype : {DataType::kF32, dtype}) {
+    if (c.candidate >= 0 && out_dtype == DataType::kF32) continue;  // compiled for dtype only
     SCOPED_TRACE(testing::Message() << "out=" << DataTypeName(out_dtype));
     // One poisoned token row past the end catches writes out of bounds.
     LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
@@ -248,7 +252,9 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
     p.softcap = softcap;
     p.sinks = static_cast<const float*>(d_sinks.data());
     p.max_query_len = c.small_grid ? 1 : max_q;
-    const absl::Status launched = LaunchPagedPrefill(p, nullptr);
+    const absl::Status launched = c.candidate >= 0
+                                      ? LaunchPagedPrefillCandidate(p, c.candidate, nullptr)
+                                      : LaunchPagedPrefill(p, nullptr);
     ASSERT_TRUE(launched.ok()) << launched;
     const absl::Status synced = SynchronizeStream(nullptr);
     ASSERT_TRUE(synced.ok()) << synced;
@@ -352,6 +358,59 @@ TEST(CudaPagedPrefillTest, SinksJoinEachRowsDenominator) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// Every tiling of the tuning space (prefill_attention_candidates.h: BF16, head dim 128) against
+// the reference: MHA and GQA 3, 4 and 8 (tiles starting mid-token), blocks of 5 tokens, chunked
+// prefill and cached prefixes, blocks looping over their tiles, a prompt across many KV
+// tiles, a window with soft-capping, and sinks.
+TEST(CudaPagedPrefillTest, EveryCandidateMatchesReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 2100;
+  for (int index = 0; index < PagedPrefillCandidateCount(); ++index) {
+    SCOPED_TRACE(PagedPrefillCandidateName(index));
+    std::vector<PrefillCase> cases = {
+        {2, 4, 128, 16, MixedBatch()},
+        {2, 1, 128, 5, MixedBatch()},
+        {1, 8, 128, 16, {{1, 1}, {64, 64}, {200, 517}}},
+        {2, 3, 128, 16, {{1, 1}, {7, 40}, {64, 64}, {200, 333}}},
+        {2, 4, 128, 16, {{200, 250}, {64, 64}, {1, 9}}, 0, /*small_grid=*/true},
+        {1, 4, 128, 16, {{300, 700}}},
+    };
+    for (PrefillCase& c : cases) {
+      c.candidate = index;
+      RunPrefillCase(c, DataType::kBF16, seed += 11);
+      if (HasFatalFailure()) return;
+    }
+    RunPrefillCase(cases[0], DataType::kBF16, seed += 11, /*window=*/13, /*softcap=*/2.0f);
+    RunPrefillCase(cases[3], DataType::kBF16, seed += 11, 0, 0.0f, /*sinks=*/true);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The space takes only what it is compiled for, and says so before any launch.
+TEST(CudaPagedPrefillTest, CandidatesRefuseShapesOutsideTheSpace) {
+  alignas(16) int32_t storage[64] = {};
+  PagedPrefillParams p = ValidParams(storage);
+  p.cache.dtype = p.q_dtype = p.out_dtype = DataType::kBF16;
+  ASSERT_GE(PagedPrefillCandidateCount(), 2);
+  EXPECT_EQ(PagedPrefillCandidateName(0), "w4_m2_n32");  // the dispatched tiling
+  for (int index : {-1, PagedPrefillCandidateCount()}) {
+    const absl::Status status = LaunchPagedPrefillCandidate(p, index, nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << index;
+  }
+  PagedPrefillParams f16 = p;
+  f16.cache.dtype = f16.q_dtype = f16.out_dtype = DataType::kF16;
+  PagedPrefillParams f32_out = p;
+  f32_out.out_dtype = DataType::kF32;
+  PagedPrefillParams eight_bit = p;
+  eight_bit.cache.quant = KvQuant::kInt8;
+  for (const PagedPrefillParams& params : {f16, f32_out}) {
+    const absl::Status status = LaunchPagedPrefillCandidate(params, 0, nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("BF16 cache and output only"), std::string::npos) << status;
+  }
+  EXPECT_FALSE(LaunchPagedPrefillCandidate(eight_bit, 0, nullptr).ok());
 }
 
 TEST(CudaPagedPrefillTest, RejectsMisalignedSinks) {
