@@ -217,6 +217,20 @@ void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
   row.w4_us = MedianGraphLaunchUs(stream, w4);
   ProfileRange(stream, absl::StrFormat("w4a16 g%d m %d n %d k %d", kGroup, m, n, k),
                [&] { return w4(0); });
+  // Under --profile, beside the table's member: the tuning space's direct member for this m
+  // (weights straight to registers, never run on a GPU before its first sweep).
+  const char* direct = m <= 8 ? "d_m8_w8_u8" : (m <= 16 ? "d_m16_w8_u4" : nullptr);
+  for (int c = 0; ProfileRangesEnabled() && direct != nullptr &&
+                  c < kernels::cuda::QuantGemmCandidateCount();
+       ++c) {
+    if (std::string_view(kernels::cuda::QuantGemmCandidateTile(c).name) != direct) continue;
+    kernels::cuda::QuantGemmParams q = p;
+    q.weight = o.w4.weight(0);
+    q.scales = o.w4.scale(0);
+    ProfileRange(stream, absl::StrFormat("w4a16 g%d m %d n %d k %d, candidate %s", kGroup, m, n,
+                                         k, direct),
+                 [&] { return kernels::cuda::LaunchQuantGemmCandidate(q, c, stream); });
+  }
   const double w4_bytes = static_cast<double>(n * k / 2 + n * k / kGroup * 4);
   row.w4_weight_gbs = w4_bytes / (row.w4_us * 1e-6) / 1e9;
 
