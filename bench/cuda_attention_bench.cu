@@ -222,32 +222,49 @@ struct PrefillRow {
   double seconds, flops_per_second;
 };
 
-PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
-  Pool pool = MakePool(dtype, 1, tokens, 30);
-  DeviceBuffer q = Random(dtype, tokens * kNumHeads * kHeadDim, 40);
-  DeviceBuffer out = AllocateOrExit(tokens * kNumHeads * kHeadDim * 2);
-  DeviceBuffer query_start = Upload(std::vector<int32_t>{0, static_cast<int32_t>(tokens)});
-  kernels::cuda::PagedPrefillParams p;
-  p.q = q.data();
-  p.out = out.data();
-  p.q_dtype = dtype;
-  p.out_dtype = dtype;
-  p.cache = pool.view(dtype);
-  p.query_start = static_cast<const int32_t*>(query_start.data());
-  p.context_len = static_cast<const int32_t*>(pool.context_len.data());
-  p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
-  p.block_indices = static_cast<const int32_t*>(pool.indices.data());
+// One sequence's prefill: `q_len` query tokens at the end of a `context`-token pool (a cached
+// prefix of context - q_len tokens before them), output in the cache's dtype.
+struct PrefillInput {
+  Pool pool;
+  DeviceBuffer q, out, query_start;
+  kernels::cuda::PagedPrefillParams params;
+  double flops = 0;  // Q K^T and P V over every query's attended positions
+};
+
+PrefillInput MakePrefill(DataType dtype, int64_t q_len, int64_t context, uint32_t seed) {
+  PrefillInput in;
+  in.pool = MakePool(dtype, 1, context, seed);
+  in.q = Random(dtype, q_len * kNumHeads * kHeadDim, seed + 10);
+  in.out = AllocateOrExit(q_len * kNumHeads * kHeadDim * 2);
+  in.query_start = Upload(std::vector<int32_t>{0, static_cast<int32_t>(q_len)});
+  kernels::cuda::PagedPrefillParams& p = in.params;
+  p.q = in.q.data();
+  p.out = in.out.data();
+  p.q_dtype = p.out_dtype = dtype;
+  p.cache = in.pool.view(dtype);
+  p.query_start = static_cast<const int32_t*>(in.query_start.data());
+  p.context_len = static_cast<const int32_t*>(in.pool.context_len.data());
+  p.block_indptr = static_cast<const int32_t*>(in.pool.indptr.data());
+  p.block_indices = static_cast<const int32_t*>(in.pool.indices.data());
   p.num_seqs = 1;
   p.num_heads = kNumHeads;
   p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  p.max_query_len = tokens;
-  const double seconds =
-      TimeSeconds(stream, [&](int) { return kernels::cuda::LaunchPagedPrefill(p, stream); });
+  p.max_query_len = q_len;
+  // Causal: query j sits at position context - q_len + j and attends to that many + 1
+  // positions; 2 flops per multiply-add, two products.
+  const double attended =
+      static_cast<double>(q_len) * (context - q_len) + q_len * (q_len + 1) / 2.0;
+  in.flops = 4.0 * kHeadDim * kNumHeads * attended;
+  return in;
+}
+
+PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
+  const PrefillInput in = MakePrefill(dtype, tokens, tokens, 30);
+  const auto launch = [&] { return kernels::cuda::LaunchPagedPrefill(in.params, stream); };
+  const double seconds = TimeSeconds(stream, [&](int) { return launch(); });
   ProfileRange(stream, absl::StrFormat("prefill %s %d tokens", DataTypeName(dtype), tokens),
-               [&] { return kernels::cuda::LaunchPagedPrefill(p, stream); });
-  // Causal: token i attends to i + 1 positions; 2 flops per multiply-add, two products.
-  const double attended = static_cast<double>(tokens) * (tokens + 1) / 2;
-  return {dtype, tokens, seconds, 4.0 * kHeadDim * kNumHeads * attended / seconds};
+               launch);
+  return {dtype, tokens, seconds, in.flops / seconds};
 }
 
 // --sweep, second part: the dispatched decode kernel (F16 K/V) at small batches and short
@@ -329,31 +346,12 @@ std::string SweepPrefill(cudaStream_t stream, double gemm_bf16) {
                                       {4096, 4096},
                                       {8192, 8192},
                                       {2048, 8192}}) {
-    Pool pool = MakePool(DataType::kBF16, 1, context, 80);
-    DeviceBuffer q = Random(DataType::kBF16, q_len * kNumHeads * kHeadDim, 81);
-    DeviceBuffer out = AllocateOrExit(q_len * kNumHeads * kHeadDim * 2);
-    DeviceBuffer query_start = Upload(std::vector<int32_t>{0, static_cast<int32_t>(q_len)});
-    kernels::cuda::PagedPrefillParams p;
-    p.q = q.data();
-    p.out = out.data();
-    p.q_dtype = p.out_dtype = DataType::kBF16;
-    p.cache = pool.view(DataType::kBF16);
-    p.query_start = static_cast<const int32_t*>(query_start.data());
-    p.context_len = static_cast<const int32_t*>(pool.context_len.data());
-    p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
-    p.block_indices = static_cast<const int32_t*>(pool.indices.data());
-    p.num_seqs = 1;
-    p.num_heads = kNumHeads;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-    p.max_query_len = q_len;
-    // Query j sits at position context - q_len + j and attends to that many + 1 positions.
-    const double attended =
-        static_cast<double>(q_len) * (context - q_len) + q_len * (q_len + 1) / 2.0;
-    const double flops = 4.0 * kHeadDim * kNumHeads * attended;
+    const PrefillInput in = MakePrefill(DataType::kBF16, q_len, context, 80);
+    const double flops = in.flops;
     std::vector<double> seconds;
     for (int c = 0; c < kernels::cuda::PagedPrefillCandidateCount(); ++c) {
       seconds.push_back(TimeSeconds(stream, [&](int) {
-        return kernels::cuda::LaunchPagedPrefillCandidate(p, c, stream);
+        return kernels::cuda::LaunchPagedPrefillCandidate(in.params, c, stream);
       }));
     }
     const int best = static_cast<int>(std::min_element(seconds.begin(), seconds.end()) -

@@ -139,6 +139,12 @@ def ranges_of(rows, units, labels):
     return ranges
 
 
+# The throughput part of a kernel's line, in this order, for the figures it has.
+THROUGHPUT_PARTS = (("dram_gbs", "DRAM {:.0f} GB/s"), ("dram_pct", "{:.0f}% of DRAM peak"),
+                    ("memory_pct", "memory {:.0f}%"), ("sm_pct", "SM {:.0f}%"),
+                    ("tensor_pipe_pct", "tensor pipe {:.0f}%"), ("issue_active_pct", "issue {:.0f}%"))
+
+
 def kernel_line(k):
     parts = []
     if "grid" in k:
@@ -152,19 +158,7 @@ def kernel_line(k):
         parts.append(launch)
     if "duration_us" in k:
         parts.append(f"{k['duration_us']:.1f} us")
-    memory = []
-    if "dram_gbs" in k:
-        memory.append(f"DRAM {k['dram_gbs']:.0f} GB/s")
-    if "dram_pct" in k:
-        memory.append(f"{k['dram_pct']:.0f}% of DRAM peak")
-    if "memory_pct" in k:
-        memory.append(f"memory {k['memory_pct']:.0f}%")
-    if "sm_pct" in k:
-        memory.append(f"SM {k['sm_pct']:.0f}%")
-    if "tensor_pipe_pct" in k:
-        memory.append(f"tensor pipe {k['tensor_pipe_pct']:.0f}%")
-    if "issue_active_pct" in k:
-        memory.append(f"issue {k['issue_active_pct']:.0f}%")
+    memory = [template.format(k[key]) for key, template in THROUGHPUT_PARTS if key in k]
     if memory:
         parts.append(", ".join(memory))
     if "achieved_occupancy_pct" in k:
