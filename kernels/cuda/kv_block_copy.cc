@@ -61,12 +61,43 @@ absl::Status CheckKvBlockCopyParams(const KvBlockCopyParams& p) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A head mapping's shape: rows of whole heads in both pools, the heads inside both rows.
+absl::Status CheckHeadCopy(const KvPoolCopyParams& p) {
+  const KvHeadCopy& h = p.heads;
+  if (h.whole()) return absl::OkStatus();
+  if (h.block_size < 1 || h.src_heads < 1 || h.dest_heads < 1 || h.count < 1 || h.src_first < 0 ||
+      h.dest_first < 0 || h.src_first + h.count > h.src_heads ||
+      h.dest_first + h.count > h.dest_heads) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KvPoolCopy: heads [%d, +%d) of %d-head source rows to [%d, +%d) of %d-head destination "
+        "rows, %d rows a block: outside a row",
+        h.src_first, h.count, h.src_heads, h.dest_first, h.count, h.dest_heads, h.block_size));
+  }
+  const int64_t rows = int64_t{h.block_size} * h.dest_heads;
+  if (p.value_bytes % rows != 0 || p.scale_bytes % rows != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KvPoolCopy: value_bytes %d or scale_bytes %d is not %d rows of %d heads",
+                        p.value_bytes, p.scale_bytes, h.block_size, h.dest_heads));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t KvPoolCopySourceBytes(const KvPoolCopyParams& p, int part) {
+  const int64_t bytes = part % p.pools_per_layer < 2 ? p.value_bytes : p.scale_bytes;
+  return p.heads.whole() ? bytes : bytes / p.heads.dest_heads * p.heads.src_heads;
+}
+
 absl::Status CheckKvPoolCopyParams(const KvPoolCopyParams& p) {
   if (absl::Status shape = CheckPartShape("KvPoolCopy", p.num_layers, p.pools_per_layer,
                                           p.value_bytes, p.scale_bytes);
       !shape.ok()) {
     return shape;
   }
+  if (absl::Status heads = CheckHeadCopy(p); !heads.ok()) return heads;
   if (absl::Status count = CheckNumBlocks("KvPoolCopy", p.num_blocks); !count.ok()) return count;
   if (p.num_blocks > 0 && (p.src_parts == nullptr || p.dest_parts == nullptr)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -98,11 +129,23 @@ absl::Status CheckKvPoolCopyParams(const KvPoolCopyParams& p) {
 absl::Status KvPoolCopyOnHost(const KvPoolCopyParams& p) {
   if (absl::Status status = CheckKvPoolCopyParams(p); !status.ok()) return status;
   const int parts = p.num_layers * p.pools_per_layer;
+  const KvHeadCopy& h = p.heads;
   for (int i = 0; i < p.num_blocks; ++i) {
     for (int part = 0; part < parts; ++part) {
       const int64_t size = part % p.pools_per_layer < 2 ? p.value_bytes : p.scale_bytes;
-      std::memcpy(p.dest_parts[part] + p.dest_blocks[i] * size,
-                  p.src_parts[part] + p.src_blocks[i] * size, static_cast<size_t>(size));
+      const int64_t src_size = KvPoolCopySourceBytes(p, part);
+      const uint8_t* src = p.src_parts[part] + p.src_blocks[i] * src_size;
+      uint8_t* dest = p.dest_parts[part] + p.dest_blocks[i] * size;
+      if (h.whole()) {
+        std::memcpy(dest, src, static_cast<size_t>(size));
+        continue;
+      }
+      const int64_t head = size / (int64_t{h.block_size} * h.dest_heads);
+      for (int row = 0; row < h.block_size; ++row) {
+        std::memcpy(dest + (int64_t{row} * h.dest_heads + h.dest_first) * head,
+                    src + (int64_t{row} * h.src_heads + h.src_first) * head,
+                    static_cast<size_t>(h.count * head));
+      }
     }
   }
   return absl::OkStatus();

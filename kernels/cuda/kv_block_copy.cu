@@ -38,6 +38,41 @@ __device__ __forceinline__ void CopyPiece(const uint8_t* src, uint8_t* dst, int6
   for (; i < words; i += kThreads) to[i] = from[i];
 }
 
+// The thread block copies `rows` runs of `size` bytes, run r from src + r * src_stride to
+// dst + r * dst_stride (some KV heads of each token row), 16 bytes an access where every run
+// allows it, the loads of a round before its stores as in CopyPiece.
+__device__ __forceinline__ void CopyRows(const uint8_t* src, uint8_t* dst, int64_t size, int rows,
+                                         int64_t src_stride, int64_t dst_stride) {
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
+        static_cast<uintptr_t>(size) | static_cast<uintptr_t>(src_stride) |
+        static_cast<uintptr_t>(dst_stride)) &
+       15) != 0) {
+    for (int64_t i = threadIdx.x; i < size * rows; i += kThreads) {
+      dst[i / size * dst_stride + i % size] = src[i / size * src_stride + i % size];
+    }
+    return;
+  }
+  const int64_t row_words = size / 16, words = row_words * rows;
+  const int64_t src_row = src_stride / 16, dst_row = dst_stride / 16;
+  const uint4* from = reinterpret_cast<const uint4*>(src);
+  uint4* to = reinterpret_cast<uint4*>(dst);
+  int64_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < words; i += kUnroll * kThreads) {
+    uint4 staged[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t w = i + u * kThreads;
+      staged[u] = from[w / row_words * src_row + w % row_words];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t w = i + u * kThreads;
+      to[w / row_words * dst_row + w % row_words] = staged[u];
+    }
+  }
+  for (; i < words; i += kThreads) to[i / row_words * dst_row + i % row_words] = from[i / row_words * src_row + i % row_words];
+}
+
 // blockIdx.x: pool p (layer p / pools_per_layer, part p % pools_per_layer: K, V, K scales,
 // V scales); blockIdx.y: entry i of the batch.
 __global__ void __launch_bounds__(kThreads) KvBlockCopyKernel(const KvBlockCopyParams p) {
@@ -56,8 +91,20 @@ __global__ void __launch_bounds__(kThreads) KvBlockCopyKernel(const KvBlockCopyP
 __global__ void __launch_bounds__(kThreads) KvPoolCopyKernel(const KvPoolCopyParams p) {
   const int part = blockIdx.x, entry = blockIdx.y;
   const int64_t size = part % p.pools_per_layer < 2 ? p.value_bytes : p.scale_bytes;
-  CopyPiece(p.src_parts[part] + static_cast<int64_t>(p.src_blocks[entry]) * size,
-            p.dest_parts[part] + static_cast<int64_t>(p.dest_blocks[entry]) * size, size);
+  const KvHeadCopy& h = p.heads;
+  if (h.count == 0) {  // whole blocks
+    CopyPiece(p.src_parts[part] + static_cast<int64_t>(p.src_blocks[entry]) * size,
+              p.dest_parts[part] + static_cast<int64_t>(p.dest_blocks[entry]) * size, size);
+    return;
+  }
+  // Some heads of each token row: bytes per head, then the rows' strides in either pool.
+  const int64_t head = size / (int64_t{h.block_size} * h.dest_heads);
+  const int64_t src_size = head * h.block_size * h.src_heads;
+  CopyRows(p.src_parts[part] + static_cast<int64_t>(p.src_blocks[entry]) * src_size +
+               h.src_first * head,
+           p.dest_parts[part] + static_cast<int64_t>(p.dest_blocks[entry]) * size +
+               h.dest_first * head,
+           h.count * head, h.block_size, h.src_heads * head, h.dest_heads * head);
 }
 
 }  // namespace

@@ -44,12 +44,25 @@ absl::Status CheckKvBlockCopyParams(const KvBlockCopyParams& params);
 /// CUDA.
 absl::Status LaunchKvBlockCopy(const KvBlockCopyParams& params, cudaStream_t stream);
 
-/// Whole KV blocks from one paged pool straight into another of the same layout (a
-/// pool-to-pool transfer, model::KvCache::CopyBlocksFromPeer): block src_blocks[i] of every
-/// source part into block dest_blocks[i] of the matching destination part. The parts, in slot
-/// order as above (per layer K, V, then K scales, V scales), hold value_bytes (K, V) or
-/// scale_bytes (scales) per block; a source part may be another process's memory mapped here
-/// through CUDA IPC, on this GPU or a peer. The two pools do not overlap.
+/// Which KV heads a pool-to-pool copy moves between pools of other tensor-parallel slices. A
+/// part's block is `block_size` token rows, each of its pool's heads (a source row of
+/// `src_heads`, a destination row of `dest_heads`, the same bytes per head); `count` heads from
+/// head `src_first` of each source row land at head `dest_first` of the destination row. Unset
+/// (count 0): whole blocks, both pools of the same heads.
+struct KvHeadCopy {
+  int block_size = 0;
+  int src_heads = 0, dest_heads = 0;
+  int src_first = 0, dest_first = 0, count = 0;
+  bool whole() const { return count == 0; }
+};
+
+/// KV blocks from one paged pool straight into another (a pool-to-pool transfer,
+/// model::KvCache::CopyBlocksFromPeer): block src_blocks[i] of every source part into block
+/// dest_blocks[i] of the matching destination part, whole, or (`heads`) some KV heads of each
+/// token row. The destination parts, in slot order as above (per layer K, V, then K scales,
+/// V scales), hold value_bytes (K, V) or scale_bytes (scales) per block, the source parts as
+/// much per head; a source part may be another process's memory mapped here through CUDA IPC,
+/// on this GPU or a peer. The two pools do not overlap.
 struct KvPoolCopyParams {
   const uint8_t* const* src_parts = nullptr;  // device array [num_layers * pools_per_layer]
   uint8_t* const* dest_parts = nullptr;       // device array [num_layers * pools_per_layer]
@@ -62,11 +75,17 @@ struct KvPoolCopyParams {
   int num_blocks = 0;            // in [0, kKvBlockCopyMaxBlocks]
   int32_t src_blocks[kKvBlockCopyMaxBlocks] = {};   // each in [0, src_pool_blocks)
   int32_t dest_blocks[kKvBlockCopyMaxBlocks] = {};  // each in [0, dest_pool_blocks), distinct
+  KvHeadCopy heads;                                 // unset: whole blocks
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run, a block id
-/// outside its pool, or a destination block written twice (checked here, on the host).
+/// outside its pool, a destination block written twice, or heads outside either pool's rows
+/// (checked here, on the host).
 absl::Status CheckKvPoolCopyParams(const KvPoolCopyParams& params);
+
+/// Bytes of one block of source part `part` (per layer K, V, K scales, V scales): the
+/// destination's, or with `heads` set as much per head for the source's heads.
+int64_t KvPoolCopySourceBytes(const KvPoolCopyParams& params, int part);
 
 /// Asynchronous on `stream`, one thread block per (part, block) piece, 16-byte accesses where
 /// the piece's addresses and size allow; thread-safe (no state). FailedPrecondition without

@@ -234,6 +234,80 @@ TEST(KvBlockCopyParamsTest, PoolToPoolHostReferenceCopiesEachPartsBlockToItsDest
 // Gathered slots equal the host layout byte for byte, and scattering them into other blocks of
 // zeroed pools puts each piece where it came from: 16-byte pieces (F16 K/V, 8-bit scales of 16
 // tokens) and pieces whose size or alignment needs the byte loop (scales of 3 tokens).
+// Some heads of each token row between pools of other tensor-parallel slices: the reference
+// against the layout element by element (every byte names its part, block, row and head), the
+// other heads of a destination row and the other blocks untouched; and the shapes refused.
+TEST(KvBlockCopyParamsTest, PoolToPoolHostReferenceMapsHeadsRowByRow) {
+  constexpr int kLayers = 2, kPerLayer = 4, kRows = 3;
+  constexpr int64_t kValueHead = 4, kScaleHead = 2, kSrcBlocks = 2, kDestBlocks = 3;
+  struct Case {
+    int src_heads, dest_heads, src_first, dest_first, count;
+  } cases[] = {{4, 2, 2, 0, 2}, {2, 4, 0, 2, 2}, {3, 3, 1, 0, 2}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.src_heads << "->" << c.dest_heads);
+    std::vector<std::vector<uint8_t>> src(kLayers * kPerLayer), dest(kLayers * kPerLayer);
+    std::vector<uint8_t*> src_parts, dest_parts;
+    for (int part = 0; part < kLayers * kPerLayer; ++part) {
+      const int64_t head = part % kPerLayer < 2 ? kValueHead : kScaleHead;
+      for (int64_t b = 0; b < kSrcBlocks * kRows * c.src_heads * head; ++b) {
+        src[part].push_back(static_cast<uint8_t>(b * 7 + part));  // distinct within a part
+      }
+      dest[part].assign(kDestBlocks * kRows * c.dest_heads * head, 0xee);
+      src_parts.push_back(src[part].data());
+      dest_parts.push_back(dest[part].data());
+    }
+    KvPoolCopyParams p;
+    p.src_parts = src_parts.data();
+    p.dest_parts = dest_parts.data();
+    p.num_layers = kLayers;
+    p.pools_per_layer = kPerLayer;
+    p.value_bytes = kRows * c.dest_heads * kValueHead;
+    p.scale_bytes = kRows * c.dest_heads * kScaleHead;
+    p.src_pool_blocks = kSrcBlocks;
+    p.dest_pool_blocks = kDestBlocks;
+    p.num_blocks = 2;
+    p.src_blocks[0] = 1, p.dest_blocks[0] = 2;
+    p.src_blocks[1] = 0, p.dest_blocks[1] = 0;
+    p.heads = {kRows, c.src_heads, c.dest_heads, c.src_first, c.dest_first, c.count};
+    ASSERT_TRUE(KvPoolCopyOnHost(p).ok());
+    const int source_of[kDestBlocks] = {0, -1, 1};
+    for (int part = 0; part < kLayers * kPerLayer; ++part) {
+      const int64_t head = part % kPerLayer < 2 ? kValueHead : kScaleHead;
+      for (int block = 0; block < kDestBlocks; ++block) {
+        for (int row = 0; row < kRows; ++row) {
+          for (int h = 0; h < c.dest_heads; ++h) {
+            for (int64_t byte = 0; byte < head; ++byte) {
+              const int64_t at = ((block * kRows + row) * c.dest_heads + h) * head + byte;
+              const int s = h - c.dest_first + c.src_first;  // the source row's head
+              const bool copied =
+                  source_of[block] >= 0 && h >= c.dest_first && h < c.dest_first + c.count;
+              const uint8_t want =
+                  copied ? src[part]
+                              [((source_of[block] * kRows + row) * c.src_heads + s) * head + byte]
+                         : 0xee;
+              ASSERT_EQ(dest[part][at], want) << "part " << part << " block " << block << " row "
+                                              << row << " head " << h << " byte " << byte;
+            }
+          }
+        }
+      }
+    }
+    // A mapping past either row, or parts that are not rows of whole heads, is refused.
+    KvPoolCopyParams bad = p;
+    bad.heads.src_first = c.src_heads - c.count + 1;
+    EXPECT_NE(CheckKvPoolCopyParams(bad).message().find("outside a row"), std::string::npos);
+    bad = p;
+    bad.heads.dest_first = c.dest_heads - c.count + 1;
+    EXPECT_EQ(CheckKvPoolCopyParams(bad).code(), absl::StatusCode::kInvalidArgument);
+    bad = p;
+    bad.value_bytes += 1;
+    EXPECT_NE(CheckKvPoolCopyParams(bad).message().find("is not 3 rows"), std::string::npos)
+        << CheckKvPoolCopyParams(bad);
+    EXPECT_EQ(KvPoolCopySourceBytes(p, 0), kRows * c.src_heads * kValueHead);
+    EXPECT_EQ(KvPoolCopySourceBytes(p, 3), kRows * c.src_heads * kScaleHead);
+  }
+}
+
 TEST(CudaKvBlockCopyTest, GatherAndScatterFollowTheHostSlotLayout) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
@@ -323,6 +397,65 @@ TEST(CudaKvBlockCopyTest, PoolToPoolCopyMatchesTheHostReference) {
     for (int i = 0; i < kKvBlockCopyMaxBlocks; ++i) {
       p.src_blocks[i] = static_cast<int32_t>(rng() % kSrcBlocks);
       p.dest_blocks[i] = dest_ids[i];
+    }
+    p.src_parts = static_cast<const uint8_t* const*>(src.table.data());
+    p.dest_parts = static_cast<uint8_t* const*>(dest.table.data());
+    ASSERT_TRUE(LaunchKvPoolCopy(p, nullptr).ok());
+
+    std::vector<std::vector<uint8_t>> expected = dest.host;
+    std::vector<uint8_t*> host_src, host_dest;
+    for (size_t part = 0; part < expected.size(); ++part) {
+      host_src.push_back(const_cast<uint8_t*>(src.host[part].data()));
+      host_dest.push_back(expected[part].data());
+    }
+    KvPoolCopyParams reference = p;
+    reference.src_parts = host_src.data();
+    reference.dest_parts = host_dest.data();
+    ASSERT_TRUE(KvPoolCopyOnHost(reference).ok());
+    for (size_t part = 0; part < expected.size(); ++part) {
+      std::vector<uint8_t> got(expected[part].size());
+      ASSERT_TRUE(dest.device[part].CopyToHost(got.data(), got.size()).ok());
+      EXPECT_EQ(got, expected[part]) << "part " << part;
+      EXPECT_NE(expected[part], dest.host[part]) << "part " << part << ": nothing was copied";
+    }
+  }
+}
+
+// The same with heads mapped between pools of other tensor-parallel slices (KvHeadCopy): half
+// of an 8-head source row into a 4-head row and a 4-head row into half of an 8-head one (16-byte
+// runs), BF16 scales (2 bytes a head: the byte path), and an odd 3-head source.
+TEST(CudaKvBlockCopyTest, PoolToPoolHeadCopyMatchesTheHostReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  struct Case {
+    int per_layer;
+    int64_t value_head, scale_head;
+    KvHeadCopy heads;
+  } cases[] = {{2, 128 * 2, 0, {16, 8, 4, 4, 0, 4}},
+               {4, 64, 2, {16, 4, 8, 0, 4, 4}},
+               {2, 64 * 2, 0, {16, 3, 2, 1, 0, 2}}};
+  constexpr int kLayers = 2;
+  constexpr int64_t kSrcBlocks = 70, kDestBlocks = 90;
+  uint32_t seed = 90;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.heads.src_heads << "->" << c.heads.dest_heads);
+    const int64_t rows = c.heads.block_size;
+    const Pools src = MakePools(kLayers, c.per_layer, rows * c.heads.src_heads * c.value_head,
+                                rows * c.heads.src_heads * c.scale_head, kSrcBlocks, seed++);
+    const Pools dest = MakePools(kLayers, c.per_layer, rows * c.heads.dest_heads * c.value_head,
+                                 rows * c.heads.dest_heads * c.scale_head, kDestBlocks, seed++);
+    KvPoolCopyParams p;
+    p.num_layers = kLayers;
+    p.pools_per_layer = c.per_layer;
+    p.value_bytes = rows * c.heads.dest_heads * c.value_head;
+    p.scale_bytes = rows * c.heads.dest_heads * c.scale_head;
+    p.src_pool_blocks = kSrcBlocks;
+    p.dest_pool_blocks = kDestBlocks;
+    p.heads = c.heads;
+    p.num_blocks = kKvBlockCopyMaxBlocks;
+    std::mt19937 rng(seed++);
+    for (int i = 0; i < kKvBlockCopyMaxBlocks; ++i) {
+      p.src_blocks[i] = static_cast<int32_t>(rng() % kSrcBlocks);
+      p.dest_blocks[i] = static_cast<int32_t>(kDestBlocks - 1 - i);
     }
     p.src_parts = static_cast<const uint8_t* const*>(src.table.data());
     p.dest_parts = static_cast<uint8_t* const*>(dest.table.data());
