@@ -401,7 +401,9 @@ Figures Measure(model::CudaDevice& device, const model::KvCache& pool,
   cudaDeviceProp properties;
   BENCH_CHECK_CUDA(cudaGetDeviceProperties(&properties, current));
   f.peer_device = share.cuda_device_uuid != std::string(properties.uuid.bytes, 16);
-  auto transfer = [&] { CheckOk(pool.CopyBlocksFromPeer(*peer, src, dest), "CopyBlocksFromPeer"); };
+  auto transfer = [&] {
+    CheckOk(pool.CopyBlocksFromPeer(*peer, src, dest, {}), "CopyBlocksFromPeer");
+  };
   f.first_seconds = Seconds(transfer);
   std::vector<double> samples;
   for (int r = 0; r < runs; ++r) samples.push_back(Seconds(transfer));

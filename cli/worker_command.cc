@@ -558,6 +558,9 @@ int Serve(const WorkerOptions& options, StepExecutor& executor, WorkerMetrics& m
   std::fprintf(stderr, "loom-worker: registering %s (replica %s, rank %d) with %s\n",
                request.worker_address().c_str(), options.replica_id.c_str(), options.rank,
                options.coordinator_address.c_str());
+  // Pool-to-pool transfers map KV heads between tensor-parallel sizes by the heads it registers.
+  if (request.num_kv_heads() > 0)
+    (*server)->SetKvHeads(request.kv_head_begin(), request.num_kv_heads());
   RegistrationOptions registration;
   registration.coordinator_address = options.coordinator_address;
   registration.request = std::move(request);

@@ -201,7 +201,8 @@ class Replica {
   std::string kv_layout() const;
   /// Whether this replica's workers can copy blocks straight out of `source`'s pools
   /// (worker/kv_pool_transfer): both replicas' pools are shared in one scope (one machine
-  /// and PID namespace), in the same layout and the same KV heads rank for rank.
+  /// and PID namespace), in the same layout, and every rank's KV heads are held by ranks of
+  /// `source` (the same rank, or between tensor-parallel sizes the ranks holding them).
   bool ReadsPoolOf(const Replica& source) const;
   /// Disaggregated serving: whether hand-offs from `prefill` reach this (decode) replica
   /// pool to pool after their first token instead of being pushed into its host tier as

@@ -111,7 +111,7 @@ struct PoolDestination {
 };
 
 // Each rank of the destination pulls its KV heads from the source ranks holding them:
-// `dest` are host-tier slots, or pool blocks (`pool.pool`: the same heads rank for rank).
+// `dest` are host-tier slots, or pool blocks (`pool.pool`).
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
                               const std::vector<KvHeadRange>& dest_heads,
                               const Replica::ExportReply& reply, const std::vector<int32_t>& dest,
@@ -191,17 +191,13 @@ bool Replica::ReadsPoolOf(const Replica& source) const {
     heads = source.endpoint_.kv_heads;
   }
   absl::MutexLock lock(&mu_);
-  if (scope.empty() || scope != pool_scope_ || layout != kv_layout_ ||
-      heads.size() != endpoint_.kv_heads.size()) {
-    return false;
+  if (scope.empty() || scope != pool_scope_ || layout != kv_layout_) return false;
+  // Every rank here reads its KV heads from the source ranks holding them: the same rank, or
+  // (other tensor-parallel sizes: the layout then says every rank's heads are known) several.
+  for (size_t r = 0; r < endpoint_.kv_heads.size(); ++r) {
+    if (SourceRanks(endpoint_.kv_heads, heads, r).empty()) return false;
   }
-  for (size_t r = 0; r < heads.size(); ++r) {
-    if (heads[r].begin != endpoint_.kv_heads[r].begin ||
-        heads[r].count != endpoint_.kv_heads[r].count) {
-      return false;
-    }
-  }
-  return true;
+  return !endpoint_.kv_heads.empty();
 }
 
 void Replica::AskExport(Replica* requester, uint64_t fetch_id,

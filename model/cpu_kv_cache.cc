@@ -211,17 +211,30 @@ absl::StatusOr<KvPoolShare> CpuKvCache::Share() const {
 
 absl::Status CpuKvCache::CopyBlocksFromPeer(const PeerKvPool& peer,
                                             absl::Span<const int32_t> src_blocks,
-                                            absl::Span<const int32_t> dest_blocks) const {
+                                            absl::Span<const int32_t> dest_blocks,
+                                            const PeerHeads& heads) const {
   const std::vector<int64_t> sizes = PartBlockBytes();
-  if (absl::Status checked = CheckPeerCopy(peer, sizes, num_blocks_, src_blocks, dest_blocks);
+  if (absl::Status checked =
+          CheckPeerCopy(peer, sizes, num_blocks_, block_size_, src_blocks, dest_blocks, heads);
       !checked.ok()) {
     return checked;
   }
   for (size_t i = 0; i < src_blocks.size(); ++i) {
     size_t part = 0;
     ForEachPiece(dest_blocks[i], [&](uint8_t* pool, int64_t, int64_t size) {
-      std::memcpy(pool, peer.bases[part] + src_blocks[i] * size, static_cast<size_t>(size));
+      const uint8_t* src = peer.bases[part] + src_blocks[i] * peer.block_bytes[part];
       ++part;
+      if (heads.whole()) {
+        std::memcpy(pool, src, static_cast<size_t>(size));
+        return;
+      }
+      // The heads of each token row: as many bytes a head in both pools.
+      const int64_t head = size / (block_size_ * heads.dest_heads);
+      for (int64_t row = 0; row < block_size_; ++row) {
+        std::memcpy(pool + (row * heads.dest_heads + heads.dest_first) * head,
+                    src + (row * heads.src_heads + heads.src_first) * head,
+                    static_cast<size_t>(heads.count * head));
+      }
     });
   }
   return absl::OkStatus();

@@ -41,7 +41,8 @@ class CpuKvCache : public KvCache {
   absl::Status SaveBlockLayer(int32_t block, int64_t layer, uint8_t* host) const override;
   absl::StatusOr<KvPoolShare> Share() const override;
   absl::Status CopyBlocksFromPeer(const PeerKvPool& peer, absl::Span<const int32_t> src_blocks,
-                                  absl::Span<const int32_t> dest_blocks) const override;
+                                  absl::Span<const int32_t> dest_blocks,
+                                  const PeerHeads& heads) const override;
   kernels::cpu::KvDtype dtype() const { return dtype_; }
 
  private:

@@ -147,12 +147,14 @@ class CudaKvCache : public KvCache {
   // stream_ (work enqueued there would join the graph); no step touches the blocks it writes
   // (the worker waits for the plans that might have, worker/kv_pool_transfer).
   absl::Status CopyBlocksFromPeer(const PeerKvPool& peer, absl::Span<const int32_t> src_blocks,
-                                  absl::Span<const int32_t> dest_blocks) const override;
+                                  absl::Span<const int32_t> dest_blocks,
+                                  const PeerHeads& heads) const override;
   // The launches of one CopyBlocksFromPeer: `bases` (the peer's part bases, then this pool's,
   // [2 * parts]) uploaded to peer_table_ on peer_stream_ (made at the first call).
   absl::Status LaunchPeerCopies(const std::vector<const uint8_t*>& bases,
                                 absl::Span<const int32_t> src_blocks,
-                                absl::Span<const int32_t> dest_blocks, int64_t peer_blocks) const
+                                absl::Span<const int32_t> dest_blocks, int64_t peer_blocks,
+                                const PeerHeads& heads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_);
 
   // The most bytes of slots staged at once (at least one slot; at most kKvBlockCopyMaxBlocks).

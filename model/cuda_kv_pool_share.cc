@@ -36,12 +36,12 @@ absl::StatusOr<PeerKvPool> CudaKvCache::OpenPeer(const KvPoolShare&) const {
   return absl::FailedPreconditionError("the CUDA device needs a build with CUDA");
 }
 absl::Status CudaKvCache::CopyBlocksFromPeer(const PeerKvPool&, absl::Span<const int32_t>,
-                                             absl::Span<const int32_t>) const {
+                                             absl::Span<const int32_t>, const PeerHeads&) const {
   return absl::FailedPreconditionError("the CUDA device needs a build with CUDA");
 }
 absl::Status CudaKvCache::LaunchPeerCopies(const std::vector<const uint8_t*>&,
                                            absl::Span<const int32_t>, absl::Span<const int32_t>,
-                                           int64_t) const {
+                                           int64_t, const PeerHeads&) const {
   return absl::FailedPreconditionError("the CUDA device needs a build with CUDA");
 }
 
@@ -262,18 +262,21 @@ absl::StatusOr<PeerKvPool> CudaKvCache::OpenPeer(const KvPoolShare& share) const
 
 absl::Status CudaKvCache::CopyBlocksFromPeer(const PeerKvPool& peer,
                                              absl::Span<const int32_t> src_blocks,
-                                             absl::Span<const int32_t> dest_blocks) const {
+                                             absl::Span<const int32_t> dest_blocks,
+                                             const PeerHeads& heads) const {
   const std::vector<Part> parts = Parts();
   std::vector<int64_t> part_bytes;
   for (const Part& part : parts) part_bytes.push_back(part.block_bytes);
-  LOOM_RETURN_IF_ERROR(CheckPeerCopy(peer, part_bytes, view_.num_blocks, src_blocks, dest_blocks));
+  LOOM_RETURN_IF_ERROR(CheckPeerCopy(peer, part_bytes, view_.num_blocks, view_.block_size,
+                                     src_blocks, dest_blocks, heads));
   if (src_blocks.empty() || parts.empty()) return absl::OkStatus();
   // The peer's part bases, then this pool's: uploaded on the stream, so alive until the wait.
   std::vector<const uint8_t*> bases = peer.bases;
   for (const Part& part : parts) bases.push_back(part.base);
   LOOM_CUDA_CALL(cudaSetDevice(device_index_));
   absl::MutexLock lock(&copy_mu_);
-  const absl::Status status = LaunchPeerCopies(bases, src_blocks, dest_blocks, peer.num_blocks);
+  const absl::Status status =
+      LaunchPeerCopies(bases, src_blocks, dest_blocks, peer.num_blocks, heads);
   // The copies already queued finish here whatever the launches answered.
   const absl::Status drained =
       peer_stream_ != nullptr ? kc::SynchronizeStream(peer_stream_) : absl::OkStatus();
@@ -283,7 +286,7 @@ absl::Status CudaKvCache::CopyBlocksFromPeer(const PeerKvPool& peer,
 absl::Status CudaKvCache::LaunchPeerCopies(const std::vector<const uint8_t*>& bases,
                                            absl::Span<const int32_t> src_blocks,
                                            absl::Span<const int32_t> dest_blocks,
-                                           int64_t peer_blocks) const {
+                                           int64_t peer_blocks, const PeerHeads& heads) const {
   if (peer_stream_ == nullptr) {
     LOOM_CUDA_CALL(cudaStreamCreateWithFlags(&peer_stream_, cudaStreamNonBlocking));
   }
@@ -304,6 +307,11 @@ absl::Status CudaKvCache::LaunchPeerCopies(const std::vector<const uint8_t*>& ba
   p.scale_bytes = block_scale_bytes();
   p.src_pool_blocks = peer_blocks;
   p.dest_pool_blocks = view_.num_blocks;
+  if (!heads.whole()) {
+    p.heads = {static_cast<int>(view_.block_size), static_cast<int>(heads.src_heads),
+               static_cast<int>(heads.dest_heads), static_cast<int>(heads.src_first),
+               static_cast<int>(heads.dest_first), static_cast<int>(heads.count)};
+  }
   for (size_t first = 0; first < src_blocks.size(); first += kc::kKvBlockCopyMaxBlocks) {
     const size_t count =
         std::min(src_blocks.size() - first, static_cast<size_t>(kc::kKvBlockCopyMaxBlocks));

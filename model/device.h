@@ -98,14 +98,16 @@ class KvCache {
     (void)share;
     return absl::UnimplementedError("this KV pool cannot open another process's pool");
   }
-  /// Overwrites block dest_blocks[i] (every layer) with block src_blocks[i] of `peer`, then
-  /// waits for the copies. The layouts must match part for part (the same model slice, KV
-  /// dtype and block size: FailedPrecondition otherwise); blocks outside either pool are
-  /// InvalidArgument, and nothing is copied then.
+  /// Overwrites block dest_blocks[i] (every layer) with block src_blocks[i] of `peer`, whole,
+  /// or (`heads` set) the source's KV heads it names in every token row, then waits for the
+  /// copies. The layouts must match part for part (the same model slice, or as much per head,
+  /// KV dtype and block size: FailedPrecondition otherwise); blocks outside either pool or
+  /// heads outside either pool's rows are InvalidArgument, and nothing is copied then.
   virtual absl::Status CopyBlocksFromPeer(const PeerKvPool& peer,
                                           absl::Span<const int32_t> src_blocks,
-                                          absl::Span<const int32_t> dest_blocks) const {
-    (void)peer, (void)src_blocks, (void)dest_blocks;
+                                          absl::Span<const int32_t> dest_blocks,
+                                          const PeerHeads& heads) const {
+    (void)peer, (void)src_blocks, (void)dest_blocks, (void)heads;
     return absl::UnimplementedError("this KV pool cannot copy from another process's pool");
   }
 };

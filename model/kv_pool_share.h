@@ -44,11 +44,24 @@ struct PeerKvPool {
   std::shared_ptr<const void> keep;
 };
 
+/// Which KV heads a pool-to-pool copy moves (KvCache::CopyBlocksFromPeer) between pools of
+/// other tensor-parallel slices: every part's block is the pool's block_size token rows of its
+/// KV heads (this pool's `dest_heads`, the source's `src_heads`, as many bytes a head in both);
+/// heads [src_first, + count) of each source row land at [dest_first, + count) of the
+/// destination's. Unset (count 0): whole blocks, both pools of the same heads.
+struct PeerHeads {
+  int64_t src_heads = 0, dest_heads = 0;
+  int64_t src_first = 0, dest_first = 0, count = 0;
+  bool whole() const { return count == 0; }
+};
+
 /// KvCache::CopyBlocksFromPeer's checks, for every device: one source per destination block,
 /// each in its pool, no destination twice, and `peer`'s parts sized as this pool's
-/// (`own_block_bytes`, one per part).
+/// (`own_block_bytes`, one per part, blocks of `block_size` rows), or with `heads` as much per
+/// head for the source's heads, the heads inside both pools' rows.
 absl::Status CheckPeerCopy(const PeerKvPool& peer, absl::Span<const int64_t> own_block_bytes,
-                           int64_t own_num_blocks, absl::Span<const int32_t> src_blocks,
-                           absl::Span<const int32_t> dest_blocks);
+                           int64_t own_num_blocks, int64_t block_size,
+                           absl::Span<const int32_t> src_blocks,
+                           absl::Span<const int32_t> dest_blocks, const PeerHeads& heads);
 
 }  // namespace loom::model

@@ -135,28 +135,72 @@ absl::StatusOr<loom::v1::SharedKvPool> AskForPool(const loom::v1::KvBlockSource&
   return chunk.pool();
 }
 
+// The heads each source gives this worker, in the request's order: whole blocks where one
+// source holds this worker's heads (or, one source, neither side says: the parts' sizes alone
+// must match), else each source's heads that this worker holds and no source before it (in
+// head order) gave: tensor-parallel slices may share a KV head (3 heads over 2 ranks), which
+// then comes from the first. Together exactly this worker's heads, each once.
+absl::StatusOr<std::vector<model::PeerHeads>> HeadsOfSources(
+    const KvPoolDestination& dest, const loom::v1::FetchKvBlocksRequest& request) {
+  const KvSlotLayout& mine = dest.heads;
+  const int n = request.sources_size();
+  auto heads_of = [](const loom::v1::KvBlockSource& s) { return s.num_kv_heads(); };
+  if (n == 1 && (heads_of(request.sources(0)) <= 0 || !mine.known() ||
+                 (request.sources(0).kv_head_begin() == mine.kv_head_begin &&
+                  heads_of(request.sources(0)) == mine.num_kv_heads))) {
+    return std::vector<model::PeerHeads>{model::PeerHeads{}};
+  }
+  if (!mine.known() || std::any_of(request.sources().begin(), request.sources().end(),
+                                   [&](const auto& s) { return heads_of(s) <= 0; })) {
+    return absl::FailedPreconditionError(
+        "a pool-to-pool transfer between tensor-parallel sizes needs every side's KV heads");
+  }
+  const int64_t my_end = mine.kv_head_begin + mine.num_kv_heads;
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  auto first_of = [&](int i) {
+    return std::max<int64_t>(request.sources(i).kv_head_begin(), mine.kv_head_begin);
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return first_of(a) < first_of(b); });
+  std::vector<model::PeerHeads> heads(n);
+  int64_t next = mine.kv_head_begin;  // the first of this worker's heads no source gave yet
+  for (const int i : order) {
+    const loom::v1::KvBlockSource& source = request.sources(i);
+    const int64_t begin = source.kv_head_begin(), end = begin + heads_of(source);
+    const int64_t last = std::min(end, my_end);
+    if (first_of(i) > next || last <= next) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the %d sources' KV heads do not make up this worker's [%d, %d) exactly once (%s "
+          "holds [%d, %d), the heads before %d are given)",
+          n, mine.kv_head_begin, my_end, source.address(), begin, end, next));
+    }
+    heads[i] = model::PeerHeads{heads_of(source), mine.num_kv_heads, next - begin,
+                                next - mine.kv_head_begin, last - next};
+    next = last;
+  }
+  if (next != my_end) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the %d sources' KV heads do not make up this worker's [%d, %d) exactly "
+                        "once (the heads from %d are missing)",
+                        n, mine.kv_head_begin, my_end, next));
+  }
+  return heads;
+}
+
 absl::Status CheckRequest(const KvPoolDestination& dest,
                           const loom::v1::FetchKvBlocksRequest& request) {
-  if (request.sources_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "a pool-to-pool transfer reads one source, got %d (pools of other tensor-parallel "
-        "slices go through the host tiers)",
-        request.sources_size()));
+  if (request.sources_size() == 0 || request.dest_blocks_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a pool-to-pool transfer of %d blocks from %d sources",
+                        request.dest_blocks_size(), request.sources_size()));
   }
-  const loom::v1::KvBlockSource& source = request.sources(0);
-  if (source.pool_blocks_size() != request.dest_blocks_size() || request.dest_blocks_size() == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("%d source blocks for %d destination blocks",
-                                                      source.pool_blocks_size(),
-                                                      request.dest_blocks_size()));
-  }
-  if (source.num_kv_heads() > 0 && dest.heads.known() &&
-      (source.kv_head_begin() != dest.heads.kv_head_begin ||
-       source.num_kv_heads() != dest.heads.num_kv_heads)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the source holds KV heads [%d, %d), this worker [%d, %d): pool-to-pool transfers copy "
-        "whole blocks of the same heads",
-        source.kv_head_begin(), source.kv_head_begin() + source.num_kv_heads(),
-        dest.heads.kv_head_begin, dest.heads.kv_head_begin + dest.heads.num_kv_heads));
+  for (const loom::v1::KvBlockSource& source : request.sources()) {
+    if (source.pool_blocks_size() != request.dest_blocks_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%d source blocks for %d destination blocks", source.pool_blocks_size(),
+                          request.dest_blocks_size()));
+    }
   }
   absl::flat_hash_set<int32_t> distinct;
   for (const int32_t block : request.dest_blocks()) {
@@ -166,6 +210,45 @@ absl::Status CheckRequest(const KvPoolDestination& dest,
     }
   }
   return absl::OkStatus();
+}
+
+// One source of a transfer, ready to copy from: its pool as it answered (after its step ran),
+// the page holding its stream generation, its pool mapped or opened here, and the heads it
+// gives this worker.
+struct Source {
+  const loom::v1::KvBlockSource* source = nullptr;
+  loom::v1::SharedKvPool shared;
+  std::shared_ptr<const SharedKvMapping> generation;
+  model::PeerKvPool peer;
+  model::PeerHeads heads;
+};
+
+absl::StatusOr<Source> OpenSource(const KvPoolDestination& dest,
+                                  const loom::v1::FetchKvBlocksRequest& request,
+                                  const loom::v1::KvBlockSource& source,
+                                  const model::PeerHeads& heads,
+                                  const grpc::ServerContext* caller) {
+  Source out;
+  out.source = &source;
+  out.heads = heads;
+  LOOM_ASSIGN_OR_RETURN(out.shared, AskForPool(source, request, caller));
+  if (out.shared.boot_id().empty() || out.shared.boot_id() != BootId()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s runs on another machine: pool-to-pool transfers need shared memory", source.address()));
+  }
+  LOOM_ASSIGN_OR_RETURN(
+      out.generation,
+      SharedKvMappings::Get().Map(out.shared.pid(), out.shared.generation_fd(), sizeof(uint64_t)));
+  absl::StatusOr<model::PeerKvPool> peer = out.shared.cuda_ipc_handles_size() > 0
+                                               ? OpenedPools::Get().Open(*dest.pool, out.shared)
+                                               : MapHostFile(out.shared);
+  if (!peer.ok()) {
+    return absl::Status(
+        peer.status().code(),
+        absl::StrFormat("the pool of %s: %s", source.address(), peer.status().message()));
+  }
+  out.peer = *std::move(peer);
+  return out;
 }
 
 // Plans sent before the destination blocks were taken may still write them: they run first.
@@ -246,51 +329,52 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvPoolBlocks(
     return absl::FailedPreconditionError("this worker has no KV pool to fetch into");
   }
   LOOM_RETURN_IF_ERROR(CheckRequest(dest, request));
+  LOOM_ASSIGN_OR_RETURN(const std::vector<model::PeerHeads> heads, HeadsOfSources(dest, request));
   const auto start = std::chrono::steady_clock::now();
-  const loom::v1::KvBlockSource& source = request.sources(0);
-  LOOM_ASSIGN_OR_RETURN(const loom::v1::SharedKvPool shared, AskForPool(source, request, caller));
-  if (shared.boot_id().empty() || shared.boot_id() != BootId()) {
-    return absl::FailedPreconditionError(
-        "the source runs on another machine: pool-to-pool transfers need shared memory");
-  }
-  LOOM_ASSIGN_OR_RETURN(
-      const std::shared_ptr<const SharedKvMapping> generation,
-      SharedKvMappings::Get().Map(shared.pid(), shared.generation_fd(), sizeof(uint64_t)));
-  absl::StatusOr<model::PeerKvPool> peer = shared.cuda_ipc_handles_size() > 0
-                                               ? OpenedPools::Get().Open(*dest.pool, shared)
-                                               : MapHostFile(shared);
-  if (!peer.ok()) {
-    return absl::Status(
-        peer.status().code(),
-        absl::StrFormat("the pool of %s: %s", source.address(), peer.status().message()));
+  // Every source's pool asked for, mapped or opened, before anything is copied: one source,
+  // or (tensor-parallel sizes differ) each source rank holding some of this worker's heads.
+  std::vector<Source> sources;
+  for (int s = 0; s < request.sources_size(); ++s) {
+    LOOM_ASSIGN_OR_RETURN(Source opened,
+                          OpenSource(dest, request, request.sources(s), heads[s], caller));
+    sources.push_back(std::move(opened));
   }
   LOOM_RETURN_IF_ERROR(WaitForOwnStep(dest, request, caller));
   const std::function<bool()> current = [&] {
     return dest.current_stream(request.dest_stream_id());
   };
-  const auto src = absl::MakeConstSpan(source.pool_blocks());
   const auto dst = absl::MakeConstSpan(request.dest_blocks());
-  for (size_t begin = 0; begin < src.size(); begin += kBatchBlocks) {
-    if (caller != nullptr && caller->IsCancelled()) return CallerCancelled();
-    const size_t count = std::min(kBatchBlocks, src.size() - begin);
-    LOOM_RETURN_IF_ERROR(dest.fence->Write(request.hold_id(), current, [&] {
-      // Told first: a block half-written by a failed copy holds nothing it held before.
-      if (dest.written) dest.written(dst.subspan(begin, count));
-      return dest.pool->CopyBlocksFromPeer(*peer, src.subspan(begin, count),
-                                           dst.subspan(begin, count));
-    }));
+  int64_t bytes = 0;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const Source& source = sources[s];
+    const auto src = absl::MakeConstSpan(source.source->pool_blocks());
+    for (size_t begin = 0; begin < src.size(); begin += kBatchBlocks) {
+      if (caller != nullptr && caller->IsCancelled()) return CallerCancelled();
+      const size_t count = std::min(kBatchBlocks, src.size() - begin);
+      LOOM_RETURN_IF_ERROR(dest.fence->Write(request.hold_id(), current, [&] {
+        // Told first: a block half-written by a failed copy holds nothing it held before.
+        if (dest.written && s == 0) dest.written(dst.subspan(begin, count));
+        return dest.pool->CopyBlocksFromPeer(source.peer, src.subspan(begin, count),
+                                             dst.subspan(begin, count), source.heads);
+      }));
+    }
+    int64_t block_bytes = 0;
+    for (const int64_t part : source.peer.block_bytes) block_bytes += part;
+    if (!source.heads.whole())
+      block_bytes = block_bytes / source.heads.src_heads * source.heads.count;
+    bytes += block_bytes * static_cast<int64_t>(src.size());
   }
-  // The copies are done (each waited for); their reads come before this generation's.
+  // The copies are done (each waited for); their reads come before these generations'.
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (ReadPoolGeneration(generation->data()) != shared.generation()) {
-    return absl::AbortedError(absl::StrFormat(
-        "the step stream of %s changed during the copy: its blocks may have been rewritten",
-        source.address()));
+  for (const Source& source : sources) {
+    if (ReadPoolGeneration(source.generation->data()) != source.shared.generation()) {
+      return absl::AbortedError(absl::StrFormat(
+          "the step stream of %s changed during the copy: its blocks may have been rewritten",
+          source.source->address()));
+    }
   }
-  int64_t block_bytes = 0;
-  for (const int64_t bytes : peer->block_bytes) block_bytes += bytes;
   loom::v1::FetchKvBlocksResponse response;
-  response.set_bytes(block_bytes * static_cast<int64_t>(src.size()));
+  response.set_bytes(bytes);
   response.set_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return response;

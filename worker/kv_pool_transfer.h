@@ -23,8 +23,10 @@ namespace loom::worker {
 /// workers fence the copy against step-stream changes on either side (KvPoolFence), since
 /// those hand the blocks to other sequences.
 ///
-/// Between machines, or between pools of different layouts (tensor-parallel sizes, KV
-/// dtypes, block sizes), blocks go through the host tiers instead (worker/kv_transfer).
+/// Between replicas of different tensor-parallel sizes a destination rank reads the heads it
+/// holds from every source rank holding some of them (model::PeerHeads: each token row's
+/// heads). Between machines, or between pools of different layouts (KV dtypes, block sizes,
+/// pipeline stages), blocks go through the host tiers instead (worker/kv_transfer).
 
 /// Within what other workers can read this process's pool: this machine's boot id and the
 /// process's PID namespace ("<boot id>/pid:[<inode>]"), computed once.
@@ -44,7 +46,8 @@ grpc::Status ServeKvPoolBlocks(grpc::ServerContext* context, const model::KvCach
                                const std::function<KvStepState(uint64_t)>& step_state);
 
 /// What FetchKvPoolBlocks writes into and checks against: this worker's pool, its fence, its
-/// KV heads where known (`heads`; unknown: the parts' sizes alone must match), whether the
+/// KV heads where known (`heads`: its kv_head_begin and num_kv_heads; unknown: one source,
+/// whose parts' sizes alone must match), whether the
 /// step stream with a given id is this worker's current one, where a step stands, and who
 /// to tell which blocks were written (the KV ledger forgets what they held).
 struct KvPoolDestination {
@@ -56,16 +59,18 @@ struct KvPoolDestination {
   std::function<void(absl::Span<const int32_t>)> written;
 };
 
-/// The FetchKvBlocks side for `request.dest_blocks`: asks the one source (ReadKvBlocks) for
-/// its pool, maps it (its memory file, or its CUDA IPC allocations), waits until this worker
-/// ran `request.dest_step_id`, and copies block `sources(0).pool_blocks(i)` into
-/// `dest_blocks(i)` in batches, each under `dest.fence` while `request.dest_stream_id` is the
-/// current stream (ABORTED once it is not). Then the source's generation must be the
-/// one it answered with, else ABORTED: the blocks read may have been rewritten (its stream
-/// changed), and the destination blocks hold nothing usable (the coordinator frees them).
-/// FAILED_PRECONDITION for a source on another machine, of another layout, or whose pool
-/// cannot be shared; INVALID_ARGUMENT for a malformed request. `caller` (optional) is the
-/// FetchKvBlocks call: cancelling it stops the copy at the next batch.
+/// The FetchKvBlocks side for `request.dest_blocks`: asks each source (ReadKvBlocks) for its
+/// pool, maps it (its memory file, or its CUDA IPC allocations), waits until this worker ran
+/// `request.dest_step_id`, and copies block `sources(s).pool_blocks(i)` into `dest_blocks(i)`
+/// (whole where the source holds this worker's heads, else the heads both hold: together the
+/// sources must give each of this worker's heads once) in batches, each under `dest.fence`
+/// while `request.dest_stream_id` is the current stream (ABORTED once it is not). Then every
+/// source's generation must be the one it answered with, else ABORTED: the blocks read may
+/// have been rewritten (its stream changed), and the destination blocks hold nothing usable
+/// (the coordinator frees them). FAILED_PRECONDITION for a source on another machine, of
+/// another layout, whose heads do not fit, or whose pool cannot be shared; INVALID_ARGUMENT
+/// for a malformed request. `caller` (optional) is the FetchKvBlocks call: cancelling it stops
+/// the copy at the next batch.
 absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvPoolBlocks(
     const KvPoolDestination& dest, const loom::v1::FetchKvBlocksRequest& request,
     const grpc::ServerContext* caller = nullptr);

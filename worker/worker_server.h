@@ -67,6 +67,8 @@ class WorkerServer {
 
   /// Steps executed since start, over every stream.
   int64_t num_steps() const { return service_.num_steps(); }
+  /// The model's KV heads this worker's pool holds (WorkerService::SetKvHeads).
+  void SetKvHeads(int64_t begin, int64_t count) { service_.SetKvHeads(begin, count); }
 
  private:
   WorkerServer(StepExecutor& executor, WorkerMetrics& metrics);

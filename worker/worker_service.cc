@@ -113,6 +113,10 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
     dest.pool = pool_;
     dest.fence = pool_fence_.get();
     if (host_tier_ != nullptr) dest.heads = host_tier_->layout();
+    if (const int64_t heads = num_kv_heads_.load(std::memory_order_acquire); heads > 0) {
+      dest.heads.kv_head_begin = kv_head_begin_.load(std::memory_order_relaxed);
+      dest.heads.num_kv_heads = heads;
+    }
     dest.current_stream = [this](uint64_t stream_id) { return CurrentStream(stream_id); };
     dest.step_state = [this](uint64_t step_id) { return StepState(step_id); };
     dest.written = [this](absl::Span<const int32_t> blocks) {

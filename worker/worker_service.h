@@ -57,6 +57,14 @@ class WorkerService final : public loom::v1::Worker::Service {
   int num_sequences() const { return num_sequences_.load(std::memory_order_relaxed); }
   /// Steps executed since start (all streams).
   int64_t num_steps() const { return num_steps_.load(std::memory_order_relaxed); }
+  /// The model's KV heads [begin, + count) this worker's pool holds (its tensor-parallel
+  /// slice, as it registers them): a pool-to-pool transfer from replicas of another
+  /// tensor-parallel size maps heads by them. Unset (and no host tier): only whole blocks
+  /// of one source are taken.
+  void SetKvHeads(int64_t begin, int64_t count) {
+    kv_head_begin_.store(begin, std::memory_order_relaxed);
+    num_kv_heads_.store(count, std::memory_order_release);
+  }
 
  private:
   absl::Mutex mu_;
@@ -69,6 +77,7 @@ class WorkerService final : public loom::v1::Worker::Service {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> num_sequences_{0};
   std::atomic<int64_t> num_steps_{0};
+  std::atomic<int64_t> kv_head_begin_{0}, num_kv_heads_{0};  // SetKvHeads (0 heads: unset)
   KvHostTier* const host_tier_;  // the executor's; null without one
   // The last step id the current stream executed (ReadKvBlocks waits for the step that
   // offloaded its blocks); 0 when a stream begins.

@@ -105,9 +105,9 @@ def reference(mixed_tokens):
 
 
 @pytest.mark.parametrize("prefill_tp,push,count", [(1, "shared", 100), (2, "shared", 100), (2, "tcp", 40),
-                                                  (1, None, 40), (1, "pool", 40)],
+                                                  (1, None, 40), (1, "pool", 40), (2, "pool", 40)],
                          ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp2-to-tp1-pushed-over-tcp",
-                              "tp1-to-tp1-pulled", "tp1-to-tp1-pool-to-pool"])
+                              "tp1-to-tp1-pulled", "tp1-to-tp1-pool-to-pool", "tp2-to-tp1-pool-to-pool"])
 def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_references, tmp_path, prefill_tp,
                                                                  push, count):
     # Pushed: the prefill workers write each prompt's KV into the decode workers' host tiers
@@ -116,8 +116,9 @@ def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_r
     # between machines); pulled (--no-kv-push): the decode replica fetches it after the first
     # token; pool to pool (--no-kv-push, the workers' pools in shared memory): the decode
     # workers copy it straight out of the prefill worker's pool into their own after the first
-    # token, no host tier between (as CUDA pools do through IPC). The issue's 100 prompts at TP
-    # 1->1 and 2->1; the other transports on the first 40 (32 of them handed off).
+    # token, no host tier between (as CUDA pools do through IPC; from 2 ranks to 1, each rank's
+    # KV heads of every token row). The issue's 100 prompts at TP 1->1 and 2->1; the other
+    # transports on the first 40 (32 of them handed off).
     pushed = push in ("shared", "tcp")
     up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
               max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0,

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/kv_dtype.h"
 
 namespace loom::model {
 namespace {
@@ -77,9 +79,78 @@ TEST_P(CpuKvCacheShareTest, ASharedPoolIsCopiedBlockForBlockFromItsMemoryFile) {
   Mapped mapped(*share);
   const std::vector<uint8_t> kept = Saved(*dest, 0);
   const std::vector<int32_t> from = {11, 3, 0}, to = {2, 7, 5};
-  ASSERT_TRUE(dest->CopyBlocksFromPeer(mapped.peer, from, to).ok());
+  ASSERT_TRUE(dest->CopyBlocksFromPeer(mapped.peer, from, to, {}).ok());
   for (size_t i = 0; i < from.size(); ++i) EXPECT_EQ(Saved(*dest, to[i]), Saved(*source, from[i]));
   EXPECT_EQ(Saved(*dest, 0), kept);
+}
+
+// Between pools of other tensor-parallel slices (PeerHeads): a 4-head source's heads [2, 4)
+// into a 2-head pool (TP 1 to rank 1 of 2), and a 2-head source into heads [2, 4) of a 4-head
+// pool (rank 1 of 2 to TP 1): every K and V value (and 8-bit scale) of each token row of the
+// named heads, the other heads and blocks untouched; heads outside a row refused.
+TEST_P(CpuKvCacheShareTest, PeerCopiesMapKvHeadsBetweenTensorParallelSlices) {
+  constexpr int64_t kBlockSize = 8, kDim = 32;
+  const int64_t value_unit = kDim * kernels::cpu::KvElementBytes(GetParam());
+  const int64_t scale_unit = kernels::cpu::KvScaleBytes(GetParam());
+  // Offset of (layer, part: K, V, K scales, V scales, row, head) in a slot of `heads` heads.
+  auto offset = [&](int64_t heads, int64_t layer, int part, int64_t row, int64_t head) {
+    const int64_t value = kBlockSize * heads * value_unit, scale = kBlockSize * heads * scale_unit;
+    const int64_t unit = part < 2 ? value_unit : scale_unit;
+    const int64_t base =
+        layer * 2 * (value + scale) + (part < 2 ? part * value : 2 * value + (part - 2) * scale);
+    return base + (row * heads + head) * unit;
+  };
+  struct Case {
+    int64_t src_heads, dest_heads, src_first, dest_first;
+  };
+  for (const Case c : {Case{4, 2, 2, 0}, Case{2, 4, 0, 2}}) {
+    SCOPED_TRACE(testing::Message() << c.src_heads << " -> " << c.dest_heads);
+    const std::unique_ptr<CpuKvCache> source =
+        *CpuKvCache::Create(Config(c.src_heads), 5, kBlockSize, GetParam(), true);
+    const std::unique_ptr<CpuKvCache> dest =
+        *CpuKvCache::Create(Config(c.dest_heads), 6, kBlockSize, GetParam());
+    Fill(*source, 7);
+    Fill(*dest, 8);
+    Mapped mapped(*source->Share());
+    const std::vector<uint8_t> before = Saved(*dest, 4), untouched = Saved(*dest, 0);
+    const PeerHeads heads{c.src_heads, c.dest_heads, c.src_first, c.dest_first, 2};
+    ASSERT_TRUE(dest->CopyBlocksFromPeer(mapped.peer, std::vector<int32_t>{3},
+                                         std::vector<int32_t>{4}, heads)
+                    .ok());
+    const std::vector<uint8_t> from = Saved(*source, 3), after = Saved(*dest, 4);
+    const int parts = scale_unit > 0 ? 4 : 2;
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      for (int part = 0; part < parts; ++part) {
+        const int64_t unit = part < 2 ? value_unit : scale_unit;
+        for (int64_t row = 0; row < kBlockSize; ++row) {
+          for (int64_t h = 0; h < c.dest_heads; ++h) {
+            const int64_t at = offset(c.dest_heads, layer, part, row, h);
+            const bool mapped_head = h >= c.dest_first && h < c.dest_first + 2;
+            const std::vector<uint8_t>& want_from = mapped_head ? from : before;
+            const int64_t want_at =
+                mapped_head ? offset(c.src_heads, layer, part, row, h - c.dest_first + c.src_first)
+                            : at;
+            ASSERT_TRUE(std::equal(after.begin() + at, after.begin() + at + unit,
+                                   want_from.begin() + want_at))
+                << "layer " << layer << " part " << part << " row " << row << " head " << h;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(Saved(*dest, 0), untouched);
+    PeerHeads outside = heads;
+    outside.src_first = c.src_heads - 1;
+    const absl::Status refused = dest->CopyBlocksFromPeer(mapped.peer, std::vector<int32_t>{3},
+                                                          std::vector<int32_t>{0}, outside);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    PeerHeads wrong = heads;
+    wrong.src_heads = c.src_heads + 1;  // the source's parts are not rows of that many heads
+    EXPECT_EQ(dest->CopyBlocksFromPeer(mapped.peer, std::vector<int32_t>{3},
+                                       std::vector<int32_t>{0}, wrong)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(Saved(*dest, 0), untouched);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, CpuKvCacheShareTest,
@@ -101,7 +172,7 @@ TEST(CpuKvCache, PeerCopiesOfAnotherLayoutOrOutsideThePoolsCopyNothing) {
   Mapped mapped(*source->Share());
   const std::vector<uint8_t> before = Saved(*dest, 1);
   auto copy = [&](const CpuKvCache& into, std::vector<int32_t> from, std::vector<int32_t> to) {
-    return into.CopyBlocksFromPeer(mapped.peer, from, to);
+    return into.CopyBlocksFromPeer(mapped.peer, from, to, {});
   };
   absl::Status status = copy(*dest, {4}, {1});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

@@ -118,18 +118,18 @@ TEST(CudaKvPoolShareTest, CopyFromAnotherPoolMatchesBothPoolsSavedBlocks) {
 
     // Refused first: the pool is unchanged after each.
     const std::vector<int32_t> outside = {static_cast<int32_t>(kSrcBlocks)}, zero = {0};
-    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, outside, zero).code(),
+    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, outside, zero, {}).code(),
               absl::StatusCode::kInvalidArgument);
     const std::vector<int32_t> twice = {1, 2}, same = {3, 3};
-    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, twice, same).code(),
+    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, twice, same, {}).code(),
               absl::StatusCode::kInvalidArgument);
     PeerKvPool other_layout = peer;
     other_layout.block_bytes[0] /= 2;
-    EXPECT_EQ((*dest)->CopyBlocksFromPeer(other_layout, zero, zero).code(),
+    EXPECT_EQ((*dest)->CopyBlocksFromPeer(other_layout, zero, zero, {}).code(),
               absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(SaveAll(**dest), before);
 
-    const absl::Status copied = (*dest)->CopyBlocksFromPeer(peer, src_blocks, dest_blocks);
+    const absl::Status copied = (*dest)->CopyBlocksFromPeer(peer, src_blocks, dest_blocks, {});
     ASSERT_TRUE(copied.ok()) << copied;
     const std::vector<uint8_t> after = SaveAll(**dest);
     const int64_t slot = (*dest)->block_bytes();
@@ -234,7 +234,7 @@ TEST(CudaKvPoolShareTest, OpenPeerRefusesSharesItCannotOpen) {
   FillRandom(**src, 80);
   const std::vector<int32_t> from = {5, 0}, to = {1, 6};
   const absl::Status copied =
-      (*dest)->CopyBlocksFromPeer(own.ok() ? *own : LocalPeer(**src), from, to);
+      (*dest)->CopyBlocksFromPeer(own.ok() ? *own : LocalPeer(**src), from, to, {});
   ASSERT_TRUE(copied.ok()) << copied;
   const std::vector<uint8_t> source = SaveAll(**src), after = SaveAll(**dest);
   const int64_t slot = (*src)->block_bytes();

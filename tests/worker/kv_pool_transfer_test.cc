@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -187,6 +188,76 @@ TEST(KvPoolTransfer, TheDestinationWritesAfterItsPlansThatMayTouchTheBlocksRan) 
   EXPECT_EQ(SavedBlock(*dest_pool, 5), SavedBlock(*source_pool, 2));
 }
 
+// Between tensor-parallel sizes: a TP-1 destination reads its 4 KV heads from the two ranks of
+// a TP-2 source (heads [0, 2) and [2, 4)), and rank 1 of a TP-2 destination reads heads
+// [2, 4) out of a TP-1 source's 4: each block then holds what a pool of those heads computed.
+TEST_P(KvPoolTransferTest, HeadsAreMappedBetweenTensorParallelSizes) {
+  const kernels::cpu::KvDtype dtype = GetParam();
+  const std::unique_ptr<model::CpuKvCache> full = Pool(true, 40, 4, dtype);
+  const std::unique_ptr<model::CpuKvCache> low = Pool(true, 40, 2, dtype);
+  const std::unique_ptr<model::CpuKvCache> high = Pool(true, 40, 2, dtype);
+  test_util::RandomizeKvPool(*full, 5);
+  test_util::CopyKvHeads(*full, 0, 2, *low);
+  test_util::CopyKvHeads(*full, 2, 2, *high);
+  Source rank0(low.get()), rank1(high.get()), whole(full.get());
+  const std::vector<int32_t> from = {3, 39, 0, 17}, to = {5, 1, 38, 20};
+
+  const std::unique_ptr<model::CpuKvCache> tp1 = Pool(false, 40, 4, dtype);
+  Dest gather(tp1.get());
+  gather.dest.heads.kv_head_begin = 0;
+  gather.dest.heads.num_kv_heads = 4;
+  loom::v1::FetchKvBlocksRequest request = Fetch(rank0.address(), from, to);
+  request.mutable_sources(0)->set_num_kv_heads(2);
+  *request.add_sources() = Fetch(rank1.address(), from, to).sources(0);
+  request.mutable_sources(1)->set_kv_head_begin(2);
+  request.mutable_sources(1)->set_num_kv_heads(2);
+  absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched = gather.Run(request);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->bytes(), 4 * tp1->block_bytes());
+  for (size_t i = 0; i < from.size(); ++i) {
+    EXPECT_EQ(SavedBlock(*tp1, to[i]), SavedBlock(*full, from[i])) << i;
+  }
+  EXPECT_EQ(gather.written, to);  // once, not once per source
+
+  // 3 KV heads over 2 ranks share head 1 (ranks hold [0, 2) and [1, 3)): it comes from the
+  // first, the second gives head 2 alone.
+  const std::unique_ptr<model::CpuKvCache> three = Pool(true, 40, 3, dtype);
+  const std::unique_ptr<model::CpuKvCache> first = Pool(true, 40, 2, dtype);
+  const std::unique_ptr<model::CpuKvCache> second = Pool(true, 40, 2, dtype);
+  test_util::RandomizeKvPool(*three, 6);
+  test_util::CopyKvHeads(*three, 0, 2, *first);
+  test_util::CopyKvHeads(*three, 1, 2, *second);
+  Source shared0(first.get()), shared1(second.get());
+  const std::unique_ptr<model::CpuKvCache> tp1_three = Pool(false, 40, 3, dtype);
+  Dest overlap(tp1_three.get());
+  overlap.dest.heads.kv_head_begin = 0;
+  overlap.dest.heads.num_kv_heads = 3;
+  request = Fetch(shared1.address(), from, to);  // the request's order need not be the heads'
+  request.mutable_sources(0)->set_kv_head_begin(1);
+  request.mutable_sources(0)->set_num_kv_heads(2);
+  *request.add_sources() = Fetch(shared0.address(), from, to).sources(0);
+  request.mutable_sources(1)->set_num_kv_heads(2);
+  fetched = overlap.Run(request);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->bytes(), 4 * tp1_three->block_bytes());
+  for (size_t i = 0; i < from.size(); ++i) {
+    EXPECT_EQ(SavedBlock(*tp1_three, to[i]), SavedBlock(*three, from[i])) << i;
+  }
+
+  const std::unique_ptr<model::CpuKvCache> tp2_rank1 = Pool(false, 40, 2, dtype);
+  Dest slice(tp2_rank1.get());
+  slice.dest.heads.kv_head_begin = 2;
+  slice.dest.heads.num_kv_heads = 2;
+  request = Fetch(whole.address(), from, to);
+  request.mutable_sources(0)->set_num_kv_heads(4);
+  fetched = slice.Run(request);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->bytes(), 4 * tp2_rank1->block_bytes());
+  for (size_t i = 0; i < from.size(); ++i) {
+    EXPECT_EQ(SavedBlock(*tp2_rank1, to[i]), SavedBlock(*high, from[i])) << i;
+  }
+}
+
 TEST(KvPoolTransfer, RefusesBadRequestsWithTheReason) {
   const std::unique_ptr<model::CpuKvCache> source_pool = Pool(true), dest_pool = Pool(false);
   Source source(source_pool.get());
@@ -207,7 +278,7 @@ TEST(KvPoolTransfer, RefusesBadRequestsWithTheReason) {
           "2 source blocks for 1 destination");
   loom::v1::FetchKvBlocksRequest two = Fetch(source.address(), {0}, {1});
   *two.add_sources() = two.sources(0);
-  refused(two, absl::StatusCode::kInvalidArgument, "one source");
+  refused(two, absl::StatusCode::kFailedPrecondition, "needs every side's KV heads");
   // Another layout: three KV heads here.
   const std::unique_ptr<model::CpuKvCache> wide = Pool(false, 150, 3);
   Dest wide_dest(wide.get());
@@ -221,7 +292,19 @@ TEST(KvPoolTransfer, RefusesBadRequestsWithTheReason) {
   loom::v1::FetchKvBlocksRequest other_rank = Fetch(source.address(), {0}, {1});
   other_rank.mutable_sources(0)->set_kv_head_begin(2);
   other_rank.mutable_sources(0)->set_num_kv_heads(2);
-  refused(other_rank, absl::StatusCode::kFailedPrecondition, "the same heads");
+  refused(other_rank, absl::StatusCode::kFailedPrecondition, "this worker's [0, 2) exactly once");
+  // Sources whose heads give this worker's twice, or not all of them.
+  for (const auto& ranges : std::vector<std::vector<std::pair<int, int>>>{
+           {{0, 1}, {0, 1}}, {{0, 1}}, {{0, 1}, {1, 2}, {1, 2}}}) {
+    loom::v1::FetchKvBlocksRequest request = Fetch(source.address(), {0}, {1});
+    request.clear_sources();
+    for (const auto& [begin, count] : ranges) {
+      *request.add_sources() = Fetch(source.address(), {0}, {1}).sources(0);
+      request.mutable_sources(request.sources_size() - 1)->set_kv_head_begin(begin);
+      request.mutable_sources(request.sources_size() - 1)->set_num_kv_heads(count);
+    }
+    refused(request, absl::StatusCode::kFailedPrecondition, "exactly once");
+  }
   // The source's stream that held the blocks is gone.
   source.stream = 10;
   refused(Fetch(source.address(), {0}, {1}), absl::StatusCode::kFailedPrecondition,
