@@ -149,6 +149,68 @@ TEST(CudaKvPoolShareTest, CopyFromAnotherPoolMatchesBothPoolsSavedBlocks) {
   }
 }
 
+// Between pools of other tensor-parallel slices (PeerHeads): a 4-KV-head pool's heads [2, 4)
+// into a 2-head pool's [0, 2), F16 and 8-bit KV (each token row's values and scales of those
+// heads, kernels/cuda/kv_block_copy's KvHeadCopy), other blocks untouched.
+TEST(CudaKvPoolShareTest, CopyFromAPoolOfOtherHeadsMovesTheNamedHeadsOfEveryRow) {
+  SKIP_WITHOUT_GPU();
+  for (const kernels::cuda::KvQuant quant :
+       {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
+    SCOPED_TRACE(static_cast<int>(quant));
+    std::unique_ptr<CudaDevice> device = MakeDevice(quant);
+    ASSERT_NE(device, nullptr);
+    common::ModelConfig wide = SmallConfig(), narrow = SmallConfig();
+    wide.num_heads = 8;
+    wide.num_kv_heads = 4;
+    constexpr int64_t kBlockSize = 16, kLayers = 3, kDim = 64;
+    absl::StatusOr<std::unique_ptr<KvCache>> src = device->CreateKvCache(wide, 20, kBlockSize);
+    absl::StatusOr<std::unique_ptr<KvCache>> dest = device->CreateKvCache(narrow, 30, kBlockSize);
+    ASSERT_TRUE(src.ok() && dest.ok()) << src.status() << dest.status();
+    FillRandom(**src, 80);
+    FillRandom(**dest, 81);
+    const std::vector<uint8_t> source = SaveAll(**src), before = SaveAll(**dest);
+    const std::vector<int32_t> from = {19, 4, 0}, to = {0, 29, 7};
+    const absl::Status copied =
+        (*dest)->CopyBlocksFromPeer(LocalPeer(**src), from, to, PeerHeads{4, 2, 2, 0, 2});
+    ASSERT_TRUE(copied.ok()) << copied;
+    const std::vector<uint8_t> after = SaveAll(**dest);
+    const bool eight_bit = quant != kernels::cuda::KvQuant::kNone;
+    const int64_t value_unit = kDim * (eight_bit ? 1 : 2), scale_unit = eight_bit ? 2 : 0;
+    // Offset in a slot of `heads` heads of (layer, part: K, V, K scales, V scales, row, head).
+    auto offset = [&](int64_t heads, int64_t layer, int part, int64_t row, int64_t head) {
+      const int64_t value = kBlockSize * heads * value_unit,
+                    scale = kBlockSize * heads * scale_unit;
+      return layer * 2 * (value + scale) +
+             (part < 2 ? part * value : 2 * value + (part - 2) * scale) +
+             (row * heads + head) * (part < 2 ? value_unit : scale_unit);
+    };
+    const int64_t src_slot = (*src)->block_bytes(), dest_slot = (*dest)->block_bytes();
+    for (size_t i = 0; i < from.size(); ++i) {
+      for (int64_t layer = 0; layer < kLayers; ++layer) {
+        for (int part = 0; part < (eight_bit ? 4 : 2); ++part) {
+          for (int64_t row = 0; row < kBlockSize; ++row) {
+            for (int64_t head = 0; head < 2; ++head) {
+              ASSERT_EQ(
+                  std::memcmp(
+                      after.data() + to[i] * dest_slot + offset(2, layer, part, row, head),
+                      source.data() + from[i] * src_slot + offset(4, layer, part, row, head + 2),
+                      part < 2 ? value_unit : scale_unit),
+                  0)
+                  << "block " << from[i] << " layer " << layer << " part " << part << " row " << row
+                  << " head " << head;
+            }
+          }
+        }
+      }
+    }
+    ASSERT_EQ(std::memcmp(after.data() + 1 * dest_slot, before.data() + 1 * dest_slot, dest_slot),
+              0);
+    EXPECT_EQ(
+        (*dest)->CopyBlocksFromPeer(LocalPeer(**src), from, to, PeerHeads{4, 2, 3, 0, 2}).code(),
+        absl::StatusCode::kInvalidArgument);
+  }
+}
+
 // Share names one IPC handle per part (K, V and, with 8-bit KV, their scales, per layer), each
 // its own allocation at offset 0, with the part's bytes per block, the pool's block count and
 // this device's 16-byte UUID; a second call answers the same.
