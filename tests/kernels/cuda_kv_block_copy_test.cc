@@ -365,6 +365,30 @@ TEST(CudaKvBlockCopyTest, GatherAndScatterFollowTheHostSlotLayout) {
 // reference over the whole destination pool, bit for bit (the blocks not written keep their
 // random bytes): F16 K/V, 8-bit KV with its scales, pieces long enough for the unrolled 16-byte
 // rounds and their tail, and pieces that need the byte loop (scales of 3 tokens).
+// Launches `p` (between the device parts of `src` and `dest`) and holds each destination part
+// against KvPoolCopyOnHost over the host copies of both: equal, and changed by the copy.
+void ExpectLaunchMatchesHostReference(KvPoolCopyParams p, const Pools& src, const Pools& dest) {
+  p.src_parts = static_cast<const uint8_t* const*>(src.table.data());
+  p.dest_parts = static_cast<uint8_t* const*>(dest.table.data());
+  ASSERT_TRUE(LaunchKvPoolCopy(p, nullptr).ok());
+  std::vector<std::vector<uint8_t>> expected = dest.host;
+  std::vector<uint8_t*> host_src, host_dest;
+  for (size_t part = 0; part < expected.size(); ++part) {
+    host_src.push_back(const_cast<uint8_t*>(src.host[part].data()));
+    host_dest.push_back(expected[part].data());
+  }
+  KvPoolCopyParams reference = p;
+  reference.src_parts = host_src.data();
+  reference.dest_parts = host_dest.data();
+  ASSERT_TRUE(KvPoolCopyOnHost(reference).ok());
+  for (size_t part = 0; part < expected.size(); ++part) {
+    std::vector<uint8_t> got(expected[part].size());
+    ASSERT_TRUE(dest.device[part].CopyToHost(got.data(), got.size()).ok());
+    EXPECT_EQ(got, expected[part]) << "part " << part;
+    EXPECT_NE(expected[part], dest.host[part]) << "part " << part << ": nothing was copied";
+  }
+}
+
 TEST(CudaKvBlockCopyTest, PoolToPoolCopyMatchesTheHostReference) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
@@ -398,26 +422,7 @@ TEST(CudaKvBlockCopyTest, PoolToPoolCopyMatchesTheHostReference) {
       p.src_blocks[i] = static_cast<int32_t>(rng() % kSrcBlocks);
       p.dest_blocks[i] = dest_ids[i];
     }
-    p.src_parts = static_cast<const uint8_t* const*>(src.table.data());
-    p.dest_parts = static_cast<uint8_t* const*>(dest.table.data());
-    ASSERT_TRUE(LaunchKvPoolCopy(p, nullptr).ok());
-
-    std::vector<std::vector<uint8_t>> expected = dest.host;
-    std::vector<uint8_t*> host_src, host_dest;
-    for (size_t part = 0; part < expected.size(); ++part) {
-      host_src.push_back(const_cast<uint8_t*>(src.host[part].data()));
-      host_dest.push_back(expected[part].data());
-    }
-    KvPoolCopyParams reference = p;
-    reference.src_parts = host_src.data();
-    reference.dest_parts = host_dest.data();
-    ASSERT_TRUE(KvPoolCopyOnHost(reference).ok());
-    for (size_t part = 0; part < expected.size(); ++part) {
-      std::vector<uint8_t> got(expected[part].size());
-      ASSERT_TRUE(dest.device[part].CopyToHost(got.data(), got.size()).ok());
-      EXPECT_EQ(got, expected[part]) << "part " << part;
-      EXPECT_NE(expected[part], dest.host[part]) << "part " << part << ": nothing was copied";
-    }
+    ExpectLaunchMatchesHostReference(p, src, dest);
   }
 }
 
@@ -457,26 +462,7 @@ TEST(CudaKvBlockCopyTest, PoolToPoolHeadCopyMatchesTheHostReference) {
       p.src_blocks[i] = static_cast<int32_t>(rng() % kSrcBlocks);
       p.dest_blocks[i] = static_cast<int32_t>(kDestBlocks - 1 - i);
     }
-    p.src_parts = static_cast<const uint8_t* const*>(src.table.data());
-    p.dest_parts = static_cast<uint8_t* const*>(dest.table.data());
-    ASSERT_TRUE(LaunchKvPoolCopy(p, nullptr).ok());
-
-    std::vector<std::vector<uint8_t>> expected = dest.host;
-    std::vector<uint8_t*> host_src, host_dest;
-    for (size_t part = 0; part < expected.size(); ++part) {
-      host_src.push_back(const_cast<uint8_t*>(src.host[part].data()));
-      host_dest.push_back(expected[part].data());
-    }
-    KvPoolCopyParams reference = p;
-    reference.src_parts = host_src.data();
-    reference.dest_parts = host_dest.data();
-    ASSERT_TRUE(KvPoolCopyOnHost(reference).ok());
-    for (size_t part = 0; part < expected.size(); ++part) {
-      std::vector<uint8_t> got(expected[part].size());
-      ASSERT_TRUE(dest.device[part].CopyToHost(got.data(), got.size()).ok());
-      EXPECT_EQ(got, expected[part]) << "part " << part;
-      EXPECT_NE(expected[part], dest.host[part]) << "part " << part << ": nothing was copied";
-    }
+    ExpectLaunchMatchesHostReference(p, src, dest);
   }
 }
 
