@@ -559,8 +559,10 @@ int Serve(const WorkerOptions& options, StepExecutor& executor, WorkerMetrics& m
                request.worker_address().c_str(), options.replica_id.c_str(), options.rank,
                options.coordinator_address.c_str());
   // Pool-to-pool transfers map KV heads between tensor-parallel sizes by the heads it registers.
-  if (request.num_kv_heads() > 0)
+  if (request.num_kv_heads() > 0) {
     (*server)->SetKvHeads(request.kv_head_begin(), request.num_kv_heads());
+  }
+  if (options.debug_kv_pool_unreadable) (*server)->RefusePoolTransfers();
   RegistrationOptions registration;
   registration.coordinator_address = options.coordinator_address;
   registration.request = std::move(request);

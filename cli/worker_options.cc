@@ -421,6 +421,11 @@ void AddOperationFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fre
     AddInt(app, "--debug-hang-at-step", options.debug_hang_at_step, 0, int64_t{1} << 40,
            "tests only: the Nth step stops making progress (0: off)");
   }
+  if (fresh("--debug-kv-pool-unreadable")) {
+    AddBool(app, "--debug-kv-pool-unreadable", options.debug_kv_pool_unreadable,
+            "tests only: refuse pool-to-pool KV transfers into this worker, as a worker that "
+            "cannot open the source's pool does");
+  }
 }
 
 }  // namespace

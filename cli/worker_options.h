@@ -90,6 +90,9 @@ struct WorkerOptions {
   // stops the Nth step's progress for good.
   int64_t debug_step_delay_ms = 0;
   int64_t debug_hang_at_step = 0;
+  // Test-only: --debug-kv-pool-unreadable refuses every pool-to-pool transfer into this worker
+  // as one that cannot open the source's pool would (no GPU peer access, say).
+  bool debug_kv_pool_unreadable = false;
 };
 
 /// Declares the worker's flags on `app`, bound to `options` (`loom-worker` declares them

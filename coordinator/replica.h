@@ -202,8 +202,11 @@ class Replica {
   /// Whether this replica's workers can copy blocks straight out of `source`'s pools
   /// (worker/kv_pool_transfer): both replicas' pools are shared in one scope (one machine
   /// and PID namespace), in the same layout, and every rank's KV heads are held by ranks of
-  /// `source` (the same rank, or between tensor-parallel sizes the ranks holding them).
+  /// `source` (the same rank, or between tensor-parallel sizes the ranks holding them); not
+  /// for kPoolReadRetry after a transfer from `source` was refused (FAILED_PRECONDITION).
   bool ReadsPoolOf(const Replica& source) const;
+  /// How long a replica whose pools could not be read is not read pool to pool again.
+  static constexpr absl::Duration kPoolReadRetry = absl::Seconds(60);
   /// Disaggregated serving: whether hand-offs from `prefill` reach this (decode) replica
   /// pool to pool after their first token instead of being pushed into its host tier as
   /// they are computed: where it ReadsPoolOf(prefill) and its pools are on GPUs (device
@@ -548,6 +551,11 @@ class Replica {
   // The scope (machine and PID namespace) within which other workers read every rank's
   // pool; empty: not all ranks share one.
   std::string pool_scope_ ABSL_GUARDED_BY(mu_);
+  // Replicas whose pools this one's workers failed to open or read (a pool-to-pool transfer
+  // refused with FAILED_PRECONDITION: no peer access between their GPUs, say), by replica id,
+  // and until when ReadsPoolOf says no for them: their KV goes through the host tiers (or is
+  // pushed) meanwhile, instead of every transfer failing and recomputing.
+  absl::flat_hash_map<std::string, absl::Time> pools_refused_until_ ABSL_GUARDED_BY(mu_);
   // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
   // answers, finished fetches, exports to release.
   absl::flat_hash_map<const engine::Request*, SubmitOptions> placements_ ABSL_GUARDED_BY(mu_);

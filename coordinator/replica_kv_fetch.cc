@@ -192,6 +192,10 @@ bool Replica::ReadsPoolOf(const Replica& source) const {
   }
   absl::MutexLock lock(&mu_);
   if (scope.empty() || scope != pool_scope_ || layout != kv_layout_) return false;
+  if (const auto refused = pools_refused_until_.find(source.replica_id());
+      refused != pools_refused_until_.end() && absl::Now() < refused->second) {
+    return false;
+  }
   // Every rank here reads its KV heads from the source ranks holding them: the same rank, or
   // (other tensor-parallel sizes: the layout then says every rank's heads are known) several.
   for (size_t r = 0; r < endpoint_.kv_heads.size(); ++r) {
@@ -388,6 +392,18 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
     } else {
       scheduler.ReleaseSlots(pending.import, /*import=*/true);
     }
+  }
+  // The source's pools could not be opened or read here: take the host tiers (or pushes) from
+  // it for a while rather than fail, and recompute, every transfer.
+  if (pool && status.code() == absl::StatusCode::kFailedPrecondition) {
+    std::fprintf(stderr,
+                 "loom: replica %s: reading replica %s's KV pool failed (%s): its KV goes through "
+                 "the host tiers for the next %d s\n",
+                 replica_id_.c_str(), pending.source->replica_id().c_str(),
+                 std::string(status.message()).c_str(),
+                 static_cast<int>(absl::ToInt64Seconds(kPoolReadRetry)));
+    absl::MutexLock lock(&mu_);
+    pools_refused_until_[pending.source->replica_id()] = absl::Now() + kPoolReadRetry;
   }
   if (!status.ok() && !request.cancelled()) {  // a cancelled one: AdmitOne ends it as aborted
     ++num_kv_fetch_failures_;

@@ -69,6 +69,8 @@ class WorkerServer {
   int64_t num_steps() const { return service_.num_steps(); }
   /// The model's KV heads this worker's pool holds (WorkerService::SetKvHeads).
   void SetKvHeads(int64_t begin, int64_t count) { service_.SetKvHeads(begin, count); }
+  /// Tests only (WorkerService::RefusePoolTransfers).
+  void RefusePoolTransfers() { service_.RefusePoolTransfers(); }
 
  private:
   WorkerServer(StepExecutor& executor, WorkerMetrics& metrics);

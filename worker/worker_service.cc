@@ -108,7 +108,10 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
     return common::ToGrpcStatus(secret);
   }
   absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched;
-  if (request->dest_blocks_size() > 0) {
+  if (request->dest_blocks_size() > 0 && refuse_pool_transfers_.load()) {
+    fetched = absl::FailedPreconditionError(
+        "this worker opens no other worker's KV pool (--debug-kv-pool-unreadable)");
+  } else if (request->dest_blocks_size() > 0) {
     KvPoolDestination dest;
     dest.pool = pool_;
     dest.fence = pool_fence_.get();

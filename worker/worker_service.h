@@ -65,6 +65,9 @@ class WorkerService final : public loom::v1::Worker::Service {
     kv_head_begin_.store(begin, std::memory_order_relaxed);
     num_kv_heads_.store(count, std::memory_order_release);
   }
+  /// Tests only (`loom-worker --debug-kv-pool-unreadable`): every pool-to-pool transfer into
+  /// this worker fails FAILED_PRECONDITION, as where the source's pool cannot be opened.
+  void RefusePoolTransfers() { refuse_pool_transfers_.store(true); }
 
  private:
   absl::Mutex mu_;
@@ -78,6 +81,7 @@ class WorkerService final : public loom::v1::Worker::Service {
   std::atomic<int> num_sequences_{0};
   std::atomic<int64_t> num_steps_{0};
   std::atomic<int64_t> kv_head_begin_{0}, num_kv_heads_{0};  // SetKvHeads (0 heads: unset)
+  std::atomic<bool> refuse_pool_transfers_{false};
   KvHostTier* const host_tier_;  // the executor's; null without one
   // The last step id the current stream executed (ReadKvBlocks waits for the step that
   // offloaded its blocks); 0 when a stream begins.

@@ -509,6 +509,32 @@ def test_a_prefill_replica_whose_kv_the_decode_replica_cannot_read_is_passed_ove
                               r"decode-0 \(.*f16 KV\)", log)) == 1, log[-3000:]
 
 
+def test_a_decode_replica_that_cannot_open_the_prefill_pool_takes_the_host_tiers(binaries, reference, tmp_path):
+    # Both pools shared and pushes off: hand-offs would go pool to pool, but the decode worker
+    # cannot open the prefill worker's pool (--debug-kv-pool-unreadable, as GPUs without peer
+    # access): the first hand-off fails and is recomputed, logged once, and the next is pulled
+    # through the host tiers instead of failing too.
+    pool = {"kv_pool_shared_memory": "on"}
+    workers = {"prefill-0": {**COMMON, **pool, "role": "prefill"},
+               "decode-0": {**COMMON, **pool, "role": "decode", "debug_kv_pool_unreadable": "on"}}
+    with h.running_cluster(tmp_path, workers, max_local_prefill_length=THRESHOLD, kv_push="off") as rig:
+        for i in (1, 2):  # one after the other: the second is placed after the first failed
+            [outcome] = h.generate_all(rig.coordinator.stub, [
+                make_request(PROMPTS[i], max_tokens=FAILURE_TOKENS, ignore_eos=True)], timeout=180)
+            assert outcome.finished, outcome.describe()
+            assert outcome.token_ids == reference[i][:FAILURE_TOKENS], (i, outcome.text)
+            assert (outcome.replica_id, outcome.last_replica_id) == ("prefill-0", "decode-0"), \
+                outcome.describe()
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        decode = status["decode-0"]
+        assert decode.num_handoffs_in == 2 and decode.num_handoff_failures == 1, decode
+        assert decode.num_kv_fetches == 1 and decode.num_kv_pool_fetches == 0, decode
+        log = rig.coordinator.log_tail(20000)
+        assert len(re.findall(r"replica decode-0: reading replica prefill-0's KV pool failed \(.*"
+                              r"--debug-kv-pool-unreadable\)\): its KV goes through the host tiers", log)) == 1, \
+            log[-3000:]
+
+
 def test_reservations_on_a_small_decode_pool_neither_hang_nor_leak(binaries, reference, tmp_path):
     # A decode pool of a few prompts' blocks and 24 long prompts at once: placement reserves
     # where blocks are free and proceeds without a reservation where none are (the hand-off then
