@@ -29,7 +29,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) BIN="${2:-}"; shift 2 || shift ;;
     --limit) LIMIT="${2:-}"; shift 2 || shift ;;
-    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "profile.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
