@@ -38,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
+#include "bench/model_shapes.h"
 #include "bench/profile_range.h"
 #include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
@@ -74,24 +75,6 @@ constexpr int64_t kQuickLayers = 7;
 // --profile keeps two: every kernel of a layer is in the profiled step twice (the profiler
 // replays each kernel launch many times), with the embedding, LM head and sampling.
 constexpr int64_t kProfileLayers = 2;
-
-common::ModelConfig Llama3_8B() {
-  common::ModelConfig c;
-  c.architecture = "llama";
-  c.name = "random Llama-3-8B shape";
-  c.vocab_size = 128256;
-  c.context_length = 8192;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 500000.0;
-  c.rope_dim = 128;
-  return c;
-}
 
 // Bytes of weights a decode step reads: every layer matrix and the LM head (one embedding
 // row per token is negligible), 2 bytes per element (F16).
@@ -389,7 +372,7 @@ int Run(bool quick) {
   }
   const std::string device = kernels::CudaDeviceDescription(0);
   std::printf("cuda_forward_pass_bench on %s\n", device.c_str());
-  common::ModelConfig config = Llama3_8B();
+  common::ModelConfig config = Llama3_8BShape();
   if (quick) config.num_layers = ProfileRangesEnabled() ? kProfileLayers : kQuickLayers;
   double copy = 0;
   {

@@ -45,6 +45,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
+#include "bench/model_shapes.h"
 #include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/random_fill.h"
@@ -65,18 +66,6 @@ constexpr uint64_t kPatternSeed = 0x6b76706f6f6cull;
 constexpr int kRuns = 15, kQuickRuns = 5;
 constexpr int kServerStartSeconds = 120;  // to print its share
 constexpr const char* kName = "kv_pool_transfer_bench";
-
-common::ModelConfig Llama3_8BKv() {
-  common::ModelConfig c;
-  c.architecture = "llama";
-  c.name = "Llama-3-8B KV shape";
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.hidden_size = 4096;
-  return c;
-}
 
 // The pattern's 8-byte word `word` of `block`'s host slot (SplitMix64 of both).
 uint64_t PatternWord(int64_t block, int64_t word) {
@@ -173,7 +162,7 @@ std::unique_ptr<model::KvCache> MakePool(std::unique_ptr<model::CudaDevice>& dev
   CheckOk(created.status(), "CudaDevice::Create");
   device = std::move(*created);
   absl::StatusOr<std::unique_ptr<model::KvCache>> pool =
-      device->CreateKvCache(Llama3_8BKv(), kPoolBlocks, kBlockSize);
+      device->CreateKvCache(Llama3_8BShape(), kPoolBlocks, kBlockSize);
   CheckOk(pool.status(), "CreateKvCache");
   return std::move(*pool);
 }
@@ -362,7 +351,7 @@ struct Figures {
 std::string FiguresJson(const Figures& f, const std::string& device, bool quick) {
   const double copy_gbs = f.bytes / f.copy_seconds / 1e9;
   const double memcpy_gbs = f.bytes / f.memcpy_seconds / 1e9;
-  const common::ModelConfig c = Llama3_8BKv();
+  const common::ModelConfig c = Llama3_8BShape();
   return absl::StrFormat(
       "{\n  \"bench\": \"%s\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n  \"quick\": %s,\n"
       "  \"pool\": {\"shape\": \"Llama-3-8B\", \"layers\": %d, \"num_kv_heads\": %d, "

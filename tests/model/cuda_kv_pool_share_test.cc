@@ -13,6 +13,7 @@
 #include "model/cuda_device.h"
 #include "model/cuda_device_internal.h"
 #include "model/kv_pool_share.h"
+#include "tests/kernels/cuda_test_util.h"
 
 // CudaKvCache's pool-to-pool copies in one process: the source pool reached through its own
 // device pointers (a PeerKvPool built here, as OpenPeer builds one from another process's IPC
@@ -21,13 +22,6 @@
 
 namespace loom::model {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                     \
-  do {                                                                         \
-    if (kernels::CudaDeviceCount() == 0) {                                     \
-      GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription(0); \
-    }                                                                          \
-  } while (0)
 
 common::ModelConfig SmallConfig() {
   common::ModelConfig config;
@@ -87,26 +81,49 @@ std::vector<uint8_t> SaveAll(const KvCache& pool) {
   return bytes;
 }
 
+// A source and a destination pool on one device (KV quantization `quant`), every block random
+// (seeds `seed` and seed + 1), and what each held before a copy. Null pools where a part of it
+// failed (the failure is reported).
+struct FilledPools {
+  std::unique_ptr<CudaDevice> device;
+  std::unique_ptr<KvCache> src, dest;
+  std::vector<uint8_t> source, before;  // SaveAll of each
+};
+
+FilledPools MakeFilledPools(kernels::cuda::KvQuant quant, const common::ModelConfig& src_config,
+                            int64_t src_blocks, const common::ModelConfig& dest_config,
+                            int64_t dest_blocks, uint32_t seed) {
+  FilledPools pools;
+  pools.device = MakeDevice(quant);
+  if (pools.device == nullptr) return pools;
+  absl::StatusOr<std::unique_ptr<KvCache>> src =
+      pools.device->CreateKvCache(src_config, src_blocks, 16);
+  absl::StatusOr<std::unique_ptr<KvCache>> dest =
+      pools.device->CreateKvCache(dest_config, dest_blocks, 16);
+  EXPECT_TRUE(src.ok() && dest.ok()) << src.status() << dest.status();
+  if (!src.ok() || !dest.ok()) return pools;
+  pools.src = *std::move(src);
+  pools.dest = *std::move(dest);
+  FillRandom(*pools.src, seed);
+  FillRandom(*pools.dest, seed + 1);
+  pools.source = SaveAll(*pools.src);
+  pools.before = SaveAll(*pools.dest);
+  return pools;
+}
+
 // More blocks than one launch moves (source blocks repeated, destinations scattered) between
 // pools of different sizes: each destination block equals its source block bit for bit, F16
 // and 8-bit KV (its scales), and every other destination block keeps its bytes. Layouts that
 // differ and blocks outside either pool are refused with nothing copied.
 TEST(CudaKvPoolShareTest, CopyFromAnotherPoolMatchesBothPoolsSavedBlocks) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (const kernels::cuda::KvQuant quant :
        {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
     SCOPED_TRACE(static_cast<int>(quant));
-    std::unique_ptr<CudaDevice> device = MakeDevice(quant);
-    ASSERT_NE(device, nullptr);
     constexpr int64_t kSrcBlocks = 90, kDestBlocks = 150, kCopies = 140;
-    absl::StatusOr<std::unique_ptr<KvCache>> src =
-        device->CreateKvCache(SmallConfig(), kSrcBlocks, 16);
-    absl::StatusOr<std::unique_ptr<KvCache>> dest =
-        device->CreateKvCache(SmallConfig(), kDestBlocks, 16);
-    ASSERT_TRUE(src.ok() && dest.ok()) << src.status() << dest.status();
-    FillRandom(**src, 70);
-    FillRandom(**dest, 71);
-    const std::vector<uint8_t> source = SaveAll(**src), before = SaveAll(**dest);
+    const FilledPools pools =
+        MakeFilledPools(quant, SmallConfig(), kSrcBlocks, SmallConfig(), kDestBlocks, 70);
+    ASSERT_TRUE(pools.src != nullptr && pools.dest != nullptr);
 
     std::mt19937 rng(72);
     std::vector<int32_t> dest_blocks(kDestBlocks), src_blocks(kCopies);
@@ -114,36 +131,36 @@ TEST(CudaKvPoolShareTest, CopyFromAnotherPoolMatchesBothPoolsSavedBlocks) {
     std::shuffle(dest_blocks.begin(), dest_blocks.end(), rng);
     dest_blocks.resize(kCopies);
     for (int32_t& b : src_blocks) b = static_cast<int32_t>(rng() % kSrcBlocks);
-    const PeerKvPool peer = LocalPeer(**src);
+    const PeerKvPool peer = LocalPeer(*pools.src);
 
     // Refused first: the pool is unchanged after each.
     const std::vector<int32_t> outside = {static_cast<int32_t>(kSrcBlocks)}, zero = {0};
-    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, outside, zero, {}).code(),
+    EXPECT_EQ(pools.dest->CopyBlocksFromPeer(peer, outside, zero, {}).code(),
               absl::StatusCode::kInvalidArgument);
     const std::vector<int32_t> twice = {1, 2}, same = {3, 3};
-    EXPECT_EQ((*dest)->CopyBlocksFromPeer(peer, twice, same, {}).code(),
+    EXPECT_EQ(pools.dest->CopyBlocksFromPeer(peer, twice, same, {}).code(),
               absl::StatusCode::kInvalidArgument);
     PeerKvPool other_layout = peer;
     other_layout.block_bytes[0] /= 2;
-    EXPECT_EQ((*dest)->CopyBlocksFromPeer(other_layout, zero, zero, {}).code(),
+    EXPECT_EQ(pools.dest->CopyBlocksFromPeer(other_layout, zero, zero, {}).code(),
               absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(SaveAll(**dest), before);
+    EXPECT_EQ(SaveAll(*pools.dest), pools.before);
 
-    const absl::Status copied = (*dest)->CopyBlocksFromPeer(peer, src_blocks, dest_blocks, {});
+    const absl::Status copied = pools.dest->CopyBlocksFromPeer(peer, src_blocks, dest_blocks, {});
     ASSERT_TRUE(copied.ok()) << copied;
-    const std::vector<uint8_t> after = SaveAll(**dest);
-    const int64_t slot = (*dest)->block_bytes();
+    const std::vector<uint8_t> after = SaveAll(*pools.dest);
+    const int64_t slot = pools.dest->block_bytes();
     std::vector<bool> written(kDestBlocks, false);
     for (int64_t i = 0; i < kCopies; ++i) {
       written[dest_blocks[i]] = true;
       ASSERT_EQ(std::memcmp(after.data() + dest_blocks[i] * slot,
-                            source.data() + src_blocks[i] * slot, slot),
+                            pools.source.data() + src_blocks[i] * slot, slot),
                 0)
           << "block " << src_blocks[i] << " -> " << dest_blocks[i];
     }
     for (int64_t b = 0; b < kDestBlocks; ++b) {
       if (written[b]) continue;
-      ASSERT_EQ(std::memcmp(after.data() + b * slot, before.data() + b * slot, slot), 0)
+      ASSERT_EQ(std::memcmp(after.data() + b * slot, pools.before.data() + b * slot, slot), 0)
           << "block " << b << " was not to be written";
     }
   }
@@ -153,27 +170,21 @@ TEST(CudaKvPoolShareTest, CopyFromAnotherPoolMatchesBothPoolsSavedBlocks) {
 // into a 2-head pool's [0, 2), F16 and 8-bit KV (each token row's values and scales of those
 // heads, kernels/cuda/kv_block_copy's KvHeadCopy), other blocks untouched.
 TEST(CudaKvPoolShareTest, CopyFromAPoolOfOtherHeadsMovesTheNamedHeadsOfEveryRow) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (const kernels::cuda::KvQuant quant :
        {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
     SCOPED_TRACE(static_cast<int>(quant));
-    std::unique_ptr<CudaDevice> device = MakeDevice(quant);
-    ASSERT_NE(device, nullptr);
-    common::ModelConfig wide = SmallConfig(), narrow = SmallConfig();
+    common::ModelConfig wide = SmallConfig();
     wide.num_heads = 8;
     wide.num_kv_heads = 4;
     constexpr int64_t kBlockSize = 16, kLayers = 3, kDim = 64;
-    absl::StatusOr<std::unique_ptr<KvCache>> src = device->CreateKvCache(wide, 20, kBlockSize);
-    absl::StatusOr<std::unique_ptr<KvCache>> dest = device->CreateKvCache(narrow, 30, kBlockSize);
-    ASSERT_TRUE(src.ok() && dest.ok()) << src.status() << dest.status();
-    FillRandom(**src, 80);
-    FillRandom(**dest, 81);
-    const std::vector<uint8_t> source = SaveAll(**src), before = SaveAll(**dest);
+    const FilledPools pools = MakeFilledPools(quant, wide, 20, SmallConfig(), 30, 80);
+    ASSERT_TRUE(pools.src != nullptr && pools.dest != nullptr);
     const std::vector<int32_t> from = {19, 4, 0}, to = {0, 29, 7};
     const absl::Status copied =
-        (*dest)->CopyBlocksFromPeer(LocalPeer(**src), from, to, PeerHeads{4, 2, 2, 0, 2});
+        pools.dest->CopyBlocksFromPeer(LocalPeer(*pools.src), from, to, PeerHeads{4, 2, 2, 0, 2});
     ASSERT_TRUE(copied.ok()) << copied;
-    const std::vector<uint8_t> after = SaveAll(**dest);
+    const std::vector<uint8_t> after = SaveAll(*pools.dest);
     const bool eight_bit = quant != kernels::cuda::KvQuant::kNone;
     const int64_t value_unit = kDim * (eight_bit ? 1 : 2), scale_unit = eight_bit ? 2 : 0;
     // Offset in a slot of `heads` heads of (layer, part: K, V, K scales, V scales, row, head).
@@ -184,17 +195,17 @@ TEST(CudaKvPoolShareTest, CopyFromAPoolOfOtherHeadsMovesTheNamedHeadsOfEveryRow)
              (part < 2 ? part * value : 2 * value + (part - 2) * scale) +
              (row * heads + head) * (part < 2 ? value_unit : scale_unit);
     };
-    const int64_t src_slot = (*src)->block_bytes(), dest_slot = (*dest)->block_bytes();
+    const int64_t src_slot = pools.src->block_bytes(), dest_slot = pools.dest->block_bytes();
     for (size_t i = 0; i < from.size(); ++i) {
       for (int64_t layer = 0; layer < kLayers; ++layer) {
         for (int part = 0; part < (eight_bit ? 4 : 2); ++part) {
           for (int64_t row = 0; row < kBlockSize; ++row) {
             for (int64_t head = 0; head < 2; ++head) {
               ASSERT_EQ(
-                  std::memcmp(
-                      after.data() + to[i] * dest_slot + offset(2, layer, part, row, head),
-                      source.data() + from[i] * src_slot + offset(4, layer, part, row, head + 2),
-                      part < 2 ? value_unit : scale_unit),
+                  std::memcmp(after.data() + to[i] * dest_slot + offset(2, layer, part, row, head),
+                              pools.source.data() + from[i] * src_slot +
+                                  offset(4, layer, part, row, head + 2),
+                              part < 2 ? value_unit : scale_unit),
                   0)
                   << "block " << from[i] << " layer " << layer << " part " << part << " row " << row
                   << " head " << head;
@@ -203,10 +214,12 @@ TEST(CudaKvPoolShareTest, CopyFromAPoolOfOtherHeadsMovesTheNamedHeadsOfEveryRow)
         }
       }
     }
-    ASSERT_EQ(std::memcmp(after.data() + 1 * dest_slot, before.data() + 1 * dest_slot, dest_slot),
-              0);
+    ASSERT_EQ(
+        std::memcmp(after.data() + 1 * dest_slot, pools.before.data() + 1 * dest_slot, dest_slot),
+        0);
     EXPECT_EQ(
-        (*dest)->CopyBlocksFromPeer(LocalPeer(**src), from, to, PeerHeads{4, 2, 3, 0, 2}).code(),
+        pools.dest->CopyBlocksFromPeer(LocalPeer(*pools.src), from, to, PeerHeads{4, 2, 3, 0, 2})
+            .code(),
         absl::StatusCode::kInvalidArgument);
   }
 }
@@ -215,7 +228,7 @@ TEST(CudaKvPoolShareTest, CopyFromAPoolOfOtherHeadsMovesTheNamedHeadsOfEveryRow)
 // its own allocation at offset 0, with the part's bytes per block, the pool's block count and
 // this device's 16-byte UUID; a second call answers the same.
 TEST(CudaKvPoolShareTest, ShareExportsEveryPartInSlotOrder) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (const kernels::cuda::KvQuant quant :
        {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
     SCOPED_TRACE(static_cast<int>(quant));
@@ -256,7 +269,7 @@ TEST(CudaKvPoolShareTest, ShareExportsEveryPartInSlotOrder) {
 // not see, before opening anything; whatever the driver answers to a process opening its own
 // handles, the next copy is not blamed for it (the error is cleared).
 TEST(CudaKvPoolShareTest, OpenPeerRefusesSharesItCannotOpen) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<CudaDevice> device = MakeDevice(kernels::cuda::KvQuant::kNone);
   ASSERT_NE(device, nullptr);
   absl::StatusOr<std::unique_ptr<KvCache>> src = device->CreateKvCache(SmallConfig(), 8, 16);
