@@ -19,6 +19,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/rope_write_kv.h"
 #include "model/cuda_device_internal.h"
 #include "model/cuda_status.h"
 
@@ -312,6 +313,40 @@ absl::Status CudaDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k,
   p.slots = slots.as<const int32_t>();
   p.num_tokens = slots.numel();
   return kc::LaunchWriteKv(p, stream_);
+}
+
+absl::Status CudaDevice::QkvToCache(const Tensor& qkv, Tensor q, Tensor k, Tensor v,
+                                    const Tensor& positions, const RopeSpec* rope, KvCache& cache,
+                                    int64_t layer, const Tensor& slots) {
+  const kc::KvCacheView view = AsCuda(cache).layer(layer);
+  if (view.quant != kc::KvQuant::kNone) {
+    return Device::QkvToCache(qkv, q, k, v, positions, rope, cache, layer, slots);
+  }
+  ForgetConverted();
+  const int64_t tokens = qkv.rows();
+  if (tokens == 0) return absl::OkStatus();
+  if (slots.numel() != tokens || (rope != nullptr && positions.numel() != tokens) ||
+      q.numel() % (tokens * view.head_dim) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "QkvToCache: %d QKV rows, %d slots, %d positions, %d query elements of head dim %d", tokens,
+        slots.numel(), positions.numel(), q.numel(), view.head_dim));
+  }
+  kc::RopeWriteKvParams p;
+  p.qkv = qkv.as<const float>();
+  p.qkv_stride = qkv.cols();
+  p.q_out = q.as<float>();
+  p.cache = view;
+  p.slots = slots.as<const int32_t>();
+  p.num_tokens = tokens;
+  p.num_heads = q.numel() / (tokens * view.head_dim);
+  if (rope != nullptr) {
+    p.positions = positions.as<const int32_t>();
+    p.inv_freq = rope->inv_freq.as<const float>();
+    p.rope_dim = rope->rope_dim;
+    p.neox = rope->neox;
+    p.attention_factor = rope->attention_factor;
+  }
+  return kc::LaunchRopeWriteKv(p, stream_);
 }
 
 absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,

@@ -327,6 +327,15 @@ class Device {
   /// Writes k and v [T, kv_heads, head_dim] into layer `layer` of `cache` at `slots`.
   virtual absl::Status WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
                                const Tensor& slots) = 0;
+  /// The fused QKV product qkv [T, (heads + 2 kv_heads) * head_dim] into attention's inputs:
+  /// its columns split into q [T, heads, head_dim], k and v [T, kv_heads, head_dim]
+  /// (SplitColumns), q and k rotated at `positions` [T] unless `rope` is null (Rope), k and v
+  /// written into layer `layer` of `cache` at `slots` [T] (WriteKv), as those three ops in
+  /// turn do. A device may do it in one pass (the CUDA device), leaving k and v unwritten: only
+  /// q and the cache are its results.
+  virtual absl::Status QkvToCache(const Tensor& qkv, Tensor q, Tensor k, Tensor v,
+                                  const Tensor& positions, const RopeSpec* rope, KvCache& cache,
+                                  int64_t layer, const Tensor& slots);
   /// Causal paged attention of q [T, heads, head_dim] over layer `layer` of `cache` for
   /// the step's sequences (decode and prefill alike); out [T, heads * head_dim].
   virtual absl::Status PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,

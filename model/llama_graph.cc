@@ -414,15 +414,26 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     const int64_t kv_layer = static_cast<int64_t>(i);
     // The previous layer's MLP output joins the residual stream here.
     LOOM_ASSIGN_OR_RETURN(const Tensor attn_in, JoinResidual(layer.attn_norm.get(), l == 0));
-    LOOM_RETURN_IF_ERROR(QkvProjections(layer, attn_in, l));
     attention.window = c.LayerWindow(l);
     attention.sinks = layer.sinks != nullptr ? Vector(*layer.sinks, heads) : Tensor{};
-    if (c.LayerRotates(l)) {  // SmolLM3's NoPE layers keep q and k as projected
-      LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, attention.window > 0 ? local_rope : rope));
-    }
-    // Latent attention's value is its key (the latent, beside the rotary part MlaOutput drops).
+    // SmolLM3's NoPE layers keep q and k as projected.
+    const RopeSpec* layer_rope = !c.LayerRotates(l)     ? nullptr
+                                 : attention.window > 0 ? &local_rope
+                                                        : &rope;
     const bool latent = layer.mla_kv_a != nullptr;
-    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, latent ? k : v, step.slots));
+    if (!latent && layer.q_norm == nullptr) {
+      // The QKV product's rows straight into q and the cache (split, rotated and written in one
+      // launch on the CUDA device).
+      LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
+      LOOM_RETURN_IF_ERROR(d.QkvToCache(qkv_.view, q, k, v, step.positions, layer_rope, *kv_cache_,
+                                        kv_layer, step.slots));
+    } else {
+      LOOM_RETURN_IF_ERROR(QkvProjections(layer, attn_in, l));
+      if (layer_rope != nullptr) LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, *layer_rope));
+      // Latent attention's value is its key (the latent, beside the rotary part MlaOutput
+      // drops).
+      LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, latent ? k : v, step.slots));
+    }
     LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, kv_layer, q, step, attention, attn_.view));
     Tensor attn_out = attn_.view;
     if (latent) {

@@ -3,6 +3,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/rope_internal.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -18,9 +19,9 @@ __device__ void RotateRows(T* row, int num_heads, int head_dim, int half, bool n
     T* v = row + static_cast<int64_t>(head) * head_dim;
     const int a = neox ? i : 2 * i;
     const int b = neox ? i + half : 2 * i + 1;
-    const float x0 = ToFloat(v[a]), x1 = ToFloat(v[b]);
-    v[a] = FromFloat<T>(x0 * cosines[i] - x1 * sines[i]);
-    v[b] = FromFloat<T>(x0 * sines[i] + x1 * cosines[i]);
+    const float2 r = internal::RotatePair(ToFloat(v[a]), ToFloat(v[b]), cosines[i], sines[i]);
+    v[a] = FromFloat<T>(r.x);
+    v[b] = FromFloat<T>(r.y);
   }
 }
 
@@ -32,13 +33,8 @@ __global__ void RopeKernel(T* q, T* k, const int32_t* __restrict__ positions,
   extern __shared__ float table[];  // [2 * half]: cosines, then sines
   float* cosines = table;
   float* sines = table + half;
-  const float position = static_cast<float>(positions[blockIdx.x]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float sine, cosine;
-    sincosf(position * inv_freq[i], &sine, &cosine);
-    sines[i] = sine * attention_factor;
-    cosines[i] = cosine * attention_factor;
-  }
+  internal::FillRopeTable(static_cast<float>(positions[blockIdx.x]), inv_freq, half,
+                          attention_factor, table);
   __syncthreads();
   RotateRows(q + blockIdx.x * q_stride, num_heads, head_dim, half, neox, cosines, sines);
   if (k != nullptr) {
