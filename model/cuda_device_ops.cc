@@ -391,6 +391,10 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
     if (rotated) LOOM_RETURN_IF_ERROR(rotate_query(kc::DataType::kF32));
     const float* decode_q =
         rotated ? static_cast<const float*>(gemm_input_.data()) : q.as<const float>();
+    // The output also in the GEMMs' dtype, for the output projection (not with an 8-bit cache:
+    // its output is rotated back first, and gemm_input_ holds the rotated query).
+    auto* low = rotated ? nullptr : static_cast<uint8_t*>(ConvertedTarget(step.num_tokens, q_cols));
+    const int64_t low_row_bytes = q_cols * kc::ElementBytes(options_.dtype);
     // Launches of at most kMaxAttentionSeqsPerLaunch sequences; block_indptr values index
     // the whole block_indices array, so a chunk offsets only the per-sequence arrays.
     for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
@@ -398,6 +402,8 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
       p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
       p.q = decode_q + first * q_cols;
       p.out = out.as<float>() + first * q_cols;
+      p.out_low = low != nullptr ? low + first * low_row_bytes : nullptr;
+      p.out_low_dtype = options_.dtype;
       p.q_dtype = kc::DataType::kF32;
       p.cache = view;
       p.context_len = step.context_len.as<const int32_t>() + first;
@@ -415,6 +421,7 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
       p.workspace_bytes = workspace_.bytes();
       LOOM_RETURN_IF_ERROR(kc::LaunchPagedDecode(p, stream_));
     }
+    if (low != nullptr) converted_ = {out.data, step.num_tokens, q_cols};
     return rotate_output();
   }
   // Prefill reads Q in the cache dtype (the tensor cores' input).

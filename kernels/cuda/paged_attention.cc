@@ -86,6 +86,11 @@ absl::Status CheckPagedDecodeParams(const PagedDecodeParams& p) {
   if (p.cache.quant != KvQuant::kNone && p.q_dtype != DataType::kF32) {
     return absl::InvalidArgumentError("PagedDecode: an 8-bit cache takes an F32 query");
   }
+  if (p.out_low != nullptr && p.out_low_dtype != DataType::kF16 &&
+      p.out_low_dtype != DataType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedDecode: out_low dtype %s must be F16 or BF16", DataTypeName(p.out_low_dtype)));
+  }
   if (reinterpret_cast<uintptr_t>(p.cache.k) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.cache.v) % 16 != 0) {
     return absl::InvalidArgumentError("PagedDecode: K/V pools must be 16-byte aligned");

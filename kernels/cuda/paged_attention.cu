@@ -46,6 +46,7 @@ using internal::CopyAsyncWait;
 using internal::DecodeArgs;
 using internal::ExpFrom;
 using internal::FromFloat;
+using internal::StoreLow;
 using internal::ToFloat;
 
 // The tiling of one instantiation (internal::kDecodeTilings[kTiling]): each thread reads
@@ -323,9 +324,9 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
     }
   }
   __syncthreads();
-  const internal::DecodeOutput output{args.out,   args.partial_acc, args.partial_max,
-                                      args.partial_sum, args.sinks, kHeadDim,
-                                      split,            num_splits};
+  const internal::DecodeOutput output{
+      args.out,   args.partial_acc, args.partial_max, args.partial_sum, args.sinks,
+      kHeadDim,   split,            num_splits,       args.out_low,     args.out_low_bf16};
   for (int i = threadIdx.x; i < heads_here * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
     internal::StoreDecodeElement<Q, kWarps>(
@@ -341,6 +342,7 @@ __global__ void PagedDecodeReduceKernel(const float* __restrict__ partial_acc,
                                         const float* __restrict__ partial_max,
                                         const float* __restrict__ partial_sum,
                                         const float* __restrict__ sinks, Q* __restrict__ out,
+                                        void* __restrict__ out_low, bool out_low_bf16,
                                         int num_splits, int head_dim) {
   const int64_t row = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   const float* maxes = partial_max + row * num_splits;
@@ -359,7 +361,9 @@ __global__ void PagedDecodeReduceKernel(const float* __restrict__ partial_acc,
     numerator += weight * partial_acc[(row * num_splits + s) * head_dim + d];
   }
   if (sinks != nullptr) denominator += ExpFrom(sink, global_max);
-  out[row * head_dim + d] = FromFloat<Q>(denominator != 0.0f ? numerator / denominator : 0.0f);
+  const float value = denominator != 0.0f ? numerator / denominator : 0.0f;
+  out[row * head_dim + d] = FromFloat<Q>(value);
+  if (out_low != nullptr) StoreLow(out_low, out_low_bf16, row * head_dim + d, value);
 }
 
 // Blocks of `kernel` (with kShared bytes of dynamic shared memory) one multiprocessor of
@@ -463,6 +467,8 @@ absl::StatusOr<internal::DecodeArgs> internal::MakeDecodeArgs(const PagedDecodeP
   DecodeArgs args{};
   args.q = p.q;
   args.out = p.out;
+  args.out_low = p.out_low;
+  args.out_low_bf16 = p.out_low_dtype == DataType::kBF16;
   args.k_cache = p.cache.k;
   args.v_cache = p.cache.v;
   args.context_len = p.context_len;
@@ -517,15 +523,19 @@ absl::Status internal::LaunchPagedDecodeReduce(const PagedDecodeParams& p, int n
   const float* sum = max + partials;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
   const int threads = static_cast<int>(p.cache.head_dim);
+  const bool low_bf16 = p.out_low_dtype == DataType::kBF16;
   if (p.q_dtype == DataType::kF32) {
     PagedDecodeReduceKernel<float><<<grid, threads, 0, stream>>>(
-        acc, max, sum, p.sinks, static_cast<float*>(p.out), num_splits, threads);
+        acc, max, sum, p.sinks, static_cast<float*>(p.out), p.out_low, low_bf16, num_splits,
+        threads);
   } else if (p.q_dtype == DataType::kF16) {
     PagedDecodeReduceKernel<__half><<<grid, threads, 0, stream>>>(
-        acc, max, sum, p.sinks, static_cast<__half*>(p.out), num_splits, threads);
+        acc, max, sum, p.sinks, static_cast<__half*>(p.out), p.out_low, low_bf16, num_splits,
+        threads);
   } else {
     PagedDecodeReduceKernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(
-        acc, max, sum, p.sinks, static_cast<__nv_bfloat16*>(p.out), num_splits, threads);
+        acc, max, sum, p.sinks, static_cast<__nv_bfloat16*>(p.out), p.out_low, low_bf16, num_splits,
+        threads);
   }
   return internal::CheckLaunch("PagedDecode split reduction");
 }

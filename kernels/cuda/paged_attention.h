@@ -30,6 +30,11 @@ inline constexpr int64_t kPagedDecodeMinPartition = 256;
 struct PagedDecodeParams {
   const void* q = nullptr;  // [num_seqs] rows of [num_heads, head_dim] of q_dtype, q_stride apart
   void* out = nullptr;      // [num_seqs, num_heads, head_dim] of q_dtype
+  /// A second copy of out rounded to out_low_dtype (F16 or BF16), for a GEMM that reads the
+  /// attention output in that type (the output projection), written by whichever kernel writes
+  /// out: no conversion launch between them. Null: none.
+  void* out_low = nullptr;
+  DataType out_low_dtype = DataType::kF16;
   DataType q_dtype = DataType::kF16;       // F32 or cache.dtype; F32 for an 8-bit cache
   KvCacheView cache;                       // head_dim 64, 128 or 256; k and v 16-byte aligned
   const int32_t* context_len = nullptr;    // [num_seqs], device: KV tokens, this step's included

@@ -15,6 +15,8 @@ namespace loom::kernels::cuda::internal {
 struct DecodeArgs {
   const void* q;
   void* out;
+  void* out_low;  // out rounded to F16 (BF16 with out_low_bf16), or null
+  bool out_low_bf16;
   const void* k_cache;
   const void* v_cache;
   const int32_t* context_len;
@@ -91,6 +93,8 @@ struct DecodeOutput {
   int head_dim;
   int split;
   int num_splits;
+  void* out_low;  // DecodeArgs' (with one split; the reduction writes it otherwise)
+  bool out_low_bf16;
 };
 
 /// Element d of query head `head` (global; `row` = seq * num_heads + head) from the kWarps
@@ -118,8 +122,9 @@ __device__ __forceinline__ void StoreDecodeElement(const float* maxes, const flo
   if (o.num_splits == 1) {
     // Split contexts get the sink once, in the split reduction.
     if (o.sinks != nullptr) AddSink(o.sinks[head], block_max, total, sum);
-    static_cast<Q*>(o.out)[row * o.head_dim + d] =
-        FromFloat<Q>(bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f));
+    const float value = bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f);
+    static_cast<Q*>(o.out)[row * o.head_dim + d] = FromFloat<Q>(value);
+    if (o.out_low != nullptr) StoreLow(o.out_low, o.out_low_bf16, row * o.head_dim + d, value);
   } else {
     const int64_t partial = row * o.num_splits + o.split;
     o.partial_acc[partial * o.head_dim + d] = total;

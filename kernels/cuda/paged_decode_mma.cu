@@ -237,9 +237,9 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     warp_sum[warp][g + 8] = row_sum[1];
   }
   __syncthreads();
-  const internal::DecodeOutput output{args.out,   args.partial_acc, args.partial_max,
-                                      args.partial_sum, args.sinks, kHeadDim,
-                                      split,            num_splits};
+  const internal::DecodeOutput output{
+      args.out,   args.partial_acc, args.partial_max, args.partial_sum, args.sinks,
+      kHeadDim,   split,            num_splits,       args.out_low,     args.out_low_bf16};
   for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
     const int h = i / kHeadDim, d = i % kHeadDim;
     internal::StoreDecodeElement<__half, kWarps>(

@@ -54,6 +54,10 @@ TEST(CudaPagedDecodeTest, RejectsUnsupportedShapesBeforeLaunch) {
   p.q_dtype = DataType::kBF16;  // neither F32 nor the cache's F16
   expect_invalid(p, "q dtype BF16");
   p = ValidParams(storage);
+  p.out_low = storage;
+  p.out_low_dtype = DataType::kF32;  // the second output is for a GEMM: F16 or BF16
+  expect_invalid(p, "out_low dtype F32");
+  p = ValidParams(storage);
   p.num_heads = 7;
   expect_invalid(p, "num_heads 7");
   p = ValidParams(storage);
@@ -192,12 +196,16 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   }
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(c.q_type, c.q));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(c.q_type, c.q.size()));
+  // The second output in the cache's type (the output projection's input).
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_low, testing_util::Poisoned(c.kv, c.q.size()));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(c.context_lens));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(c.indptr));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(c.device_indices));
   PagedDecodeParams p;
   p.q = d_q.data();
   p.out = d_out.data();
+  p.out_low = d_low.data();
+  p.out_low_dtype = c.kv;
   p.q_dtype = c.q_type;
   p.cache = {const_cast<void*>(c.device_k), const_cast<void*>(c.device_v), c.kv,
              c.device_num_blocks, c.block_size, c.num_kv_heads, d};
@@ -232,6 +240,10 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   EXPECT_TRUE(
       AllClose(out, testing_util::ToDouble(expected), c.abs_tolerance,
                c.q_type == DataType::kF32 ? 1e-5 : testing_util::RoundingTolerance(c.q_type) / 2));
+  // out_low holds out's values rounded once to its type (out's own when q's type is the cache's).
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> low,
+                            testing_util::Download(d_low, c.kv, c.q.size()));
+  EXPECT_TRUE(AllClose(low, testing_util::ToDouble(testing_util::RoundTo(c.kv, out)), 0.0, 0.0));
 }
 
 // Attention sinks for `num_heads` query heads: random in [-2, 3] (comparable to the scores,
