@@ -614,6 +614,91 @@ TEST(CudaDeviceTest, WriteKvAndPagedAttentionMatchCpuForPrefillAndDecode) {
   }
 }
 
+// QkvToCache (one launch on CUDA, the three ops on the CPU) for a 5-token prompt, then a decode
+// token, with and without RoPE: the rotated queries, attention over what it wrote, and the
+// output projection of the decode step's attention output (which reads the decode kernel's own
+// copy in the GEMM's dtype on CUDA).
+TEST(CudaDeviceTest, QkvToCacheAndTheDecodeOutputsCopyMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  common::ModelConfig config;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  const int64_t block = 16, heads = 4, kv_heads = 2, hd = 64, row = (heads + 2 * kv_heads) * hd;
+  const int64_t n = 96, k = heads * hd;
+  AttentionSpec spec;
+  spec.num_heads = heads;
+  spec.group = 2;
+  spec.head_dim = hd;
+  spec.scale = 1.0f / 8.0f;
+  std::vector<float> inv_freq(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
+  }
+  absl::StatusOr<kernels::cpu::PackedWeight> packed = kernels::cpu::PackFromF32(
+      Random(n * k, 70, 0.5f).data(), n, k, kernels::cpu::WeightFormat::kF16, 32);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const std::vector<int32_t> none, indptr = {0, 1}, indices = {3};
+  struct Phase {
+    std::vector<int32_t> slots, positions, qs, cl;
+  } phases[] = {{{48, 49, 50, 51, 52}, {0, 1, 2, 3, 4}, {0, 5}, {5}}, {{53}, {5}, {0, 1}, {6}}};
+  for (bool rotate : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "rope=" << rotate);
+    Pair pair = MakePair();
+    std::unique_ptr<KvCache> caches[2];
+    std::unique_ptr<DeviceLinear> weights[2];
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<std::unique_ptr<KvCache>> cache =
+          pair.side(i)->device->CreateKvCache(config, 8, block);
+      ASSERT_TRUE(cache.ok()) << cache.status();
+      caches[i] = std::move(*cache);
+      absl::StatusOr<std::unique_ptr<DeviceLinear>> w =
+          pair.side(i)->device->UploadLinear(*packed, nullptr);
+      ASSERT_TRUE(w.ok()) << w.status();
+      weights[i] = std::move(*w);
+    }
+    uint32_t seed = rotate ? 71 : 81;
+    for (const Phase& phase : phases) {
+      const auto tokens = static_cast<int64_t>(phase.slots.size());
+      const std::vector<float> qkv = Random(tokens * row, seed++);
+      std::vector<float> q_out[2], attention[2], projected[2];
+      for (int i = 0; i < 2; ++i) {
+        Side& s = *pair.side(i);
+        absl::StatusOr<StepTensors> step = s.device->UploadStep(
+            none, phase.positions, phase.slots, phase.qs, phase.cl, indptr, indices, none);
+        ASSERT_TRUE(step.ok()) << step.status();
+        step->num_tokens = tokens;
+        step->max_query_len = tokens;
+        step->max_context_len = phase.cl[0];
+        RopeSpec rope;
+        rope.inv_freq = s.Put(inv_freq, {hd / 2});
+        rope.head_dim = hd;
+        rope.rope_dim = hd;
+        const Tensor q = s.Zeros({tokens, heads, hd});
+        const Tensor o = s.Zeros({tokens, heads * hd}), y = s.Zeros({tokens, n});
+        // Sizes the GEMM input first: the decode kernel leaves its copy there only when it fits.
+        ASSERT_TRUE(s.device->Linear(o, *weights[i], y, {}).ok());
+        absl::Status status =
+            s.device->QkvToCache(s.Put(qkv, {tokens, row}), q, s.Zeros({tokens, kv_heads, hd}),
+                                 s.Zeros({tokens, kv_heads, hd}), step->positions,
+                                 rotate ? &rope : nullptr, *caches[i], 1, step->slots);
+        ASSERT_TRUE(status.ok()) << status;
+        status = s.device->PagedAttention(*caches[i], 1, q, *step, spec, o);
+        ASSERT_TRUE(status.ok()) << status;
+        ASSERT_TRUE(s.device->Linear(o, *weights[i], y, {}).ok());
+        q_out[i] = s.Get(q);
+        attention[i] = s.Get(o);
+        projected[i] = s.Get(y);
+      }
+      ExpectNear(q_out[0], q_out[1], 1e-4f, 1e-4f);
+      // Prefill reads Q and P rounded to F16 on the tensor cores; decode computes in F32.
+      ExpectNear(attention[0], attention[1], tokens == 1 ? 1e-4f : 2e-2f, 1e-2f);
+      ExpectNear(projected[0], projected[1], 3e-2f, 1e-2f);
+    }
+  }
+}
+
 // The host KV tier's copies (SaveBlocks / LoadBlocks, staged through whole slots): every byte
 // round-trips, F16 and 8-bit KV (its scales), over more blocks than one staged batch, host slots
 // adjacent (one copy per run) and scattered; a block outside the pool is refused.
