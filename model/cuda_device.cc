@@ -76,7 +76,7 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Rope(Tensor, Tensor, const Tensor
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::WriteKv(KvCache&, int64_t, const Tensor&,
                                                        const Tensor&, const Tensor&))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::QkvToCache(const Tensor&, Tensor, Tensor, Tensor,
-                                                          const Tensor&, const RopeSpec*, KvCache&,
+                                                          const Tensor&, const QkvSpec&, KvCache&,
                                                           int64_t, const Tensor&))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::PagedAttention(const KvCache&, int64_t,
                                                               const Tensor&, const StepTensors&,

@@ -188,9 +188,9 @@ class CudaDevice : public Device {
   absl::Status WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
                        const Tensor& slots) override;
   /// One launch (kernels/cuda/rope_write_kv.h) for an F16/BF16 cache, k and v left unwritten;
-  /// an 8-bit cache takes the three ops.
+  /// an 8-bit cache takes the separate ops.
   absl::Status QkvToCache(const Tensor& qkv, Tensor q, Tensor k, Tensor v, const Tensor& positions,
-                          const RopeSpec* rope, KvCache& cache, int64_t layer,
+                          const QkvSpec& spec, KvCache& cache, int64_t layer,
                           const Tensor& slots) override;
   /// Decode kernel when every sequence has one query token, the prefill kernel otherwise
   /// (launches of at most 65535 sequences each); head_dim 64 or 128.

@@ -316,12 +316,13 @@ absl::Status CudaDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k,
 }
 
 absl::Status CudaDevice::QkvToCache(const Tensor& qkv, Tensor q, Tensor k, Tensor v,
-                                    const Tensor& positions, const RopeSpec* rope, KvCache& cache,
+                                    const Tensor& positions, const QkvSpec& spec, KvCache& cache,
                                     int64_t layer, const Tensor& slots) {
   const kc::KvCacheView view = AsCuda(cache).layer(layer);
   if (view.quant != kc::KvQuant::kNone) {
-    return Device::QkvToCache(qkv, q, k, v, positions, rope, cache, layer, slots);
+    return Device::QkvToCache(qkv, q, k, v, positions, spec, cache, layer, slots);
   }
+  const RopeSpec* rope = spec.rope;
   ForgetConverted();
   const int64_t tokens = qkv.rows();
   if (tokens == 0) return absl::OkStatus();
@@ -345,6 +346,16 @@ absl::Status CudaDevice::QkvToCache(const Tensor& qkv, Tensor q, Tensor k, Tenso
     p.rope_dim = rope->rope_dim;
     p.neox = rope->neox;
     p.attention_factor = rope->attention_factor;
+  }
+  if (spec.q_norm.data != nullptr) {
+    if (spec.q_norm.numel() != view.head_dim || spec.k_norm.numel() != view.head_dim) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("QkvToCache: QK-norm weights of %d and %d for head dim %d",
+                          spec.q_norm.numel(), spec.k_norm.numel(), view.head_dim));
+    }
+    p.q_norm = spec.q_norm.as<const float>();
+    p.k_norm = spec.k_norm.as<const float>();
+    p.norm_eps = spec.norm_eps;
   }
   return kc::LaunchRopeWriteKv(p, stream_);
 }

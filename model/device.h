@@ -159,6 +159,15 @@ struct RopeSpec {
   float attention_factor = 1.0f;  // YaRN: scales cos and sin (1 otherwise)
 };
 
+/// How Device::QkvToCache makes attention's inputs of the QKV product.
+struct QkvSpec {
+  const RopeSpec* rope = nullptr;  // null: q and k keep their values (NoPE layers)
+  // QK-norm (Qwen3's, Gemma 3's): each head of q, and of k, RMS-normalized with these F32
+  // [head_dim] weights before the rotation; no data: none (both or neither).
+  Tensor q_norm, k_norm;
+  float norm_eps = 0.0f;
+};
+
 /// What paged attention needs besides its tensors: this rank's heads of the model's.
 struct AttentionSpec {
   int64_t num_heads = 0;     // local query heads
@@ -329,12 +338,13 @@ class Device {
                                const Tensor& slots) = 0;
   /// The fused QKV product qkv [T, (heads + 2 kv_heads) * head_dim] into attention's inputs:
   /// its columns split into q [T, heads, head_dim], k and v [T, kv_heads, head_dim]
-  /// (SplitColumns), q and k rotated at `positions` [T] unless `rope` is null (Rope), k and v
-  /// written into layer `layer` of `cache` at `slots` [T] (WriteKv), as those three ops in
-  /// turn do. A device may do it in one pass (the CUDA device), leaving k and v unwritten: only
-  /// q and the cache are its results.
+  /// (SplitColumns), each head of q and k RMS-normalized with spec's QK-norm (RmsNorm per
+  /// head), q and k rotated at `positions` [T] with spec's rope (Rope), k and v written into
+  /// layer `layer` of `cache` at `slots` [T] (WriteKv), as those ops in turn do. A device may do
+  /// it in one pass (the CUDA device), leaving k and v unwritten: only q and the cache are its
+  /// results.
   virtual absl::Status QkvToCache(const Tensor& qkv, Tensor q, Tensor k, Tensor v,
-                                  const Tensor& positions, const RopeSpec* rope, KvCache& cache,
+                                  const Tensor& positions, const QkvSpec& spec, KvCache& cache,
                                   int64_t layer, const Tensor& slots);
   /// Causal paged attention of q [T, heads, head_dim] over layer `layer` of `cache` for
   /// the step's sequences (decode and prefill alike); out [T, heads * head_dim].

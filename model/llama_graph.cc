@@ -421,11 +421,19 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
                                  : attention.window > 0 ? &local_rope
                                                         : &rope;
     const bool latent = layer.mla_kv_a != nullptr;
-    if (!latent && layer.q_norm == nullptr) {
-      // The QKV product's rows straight into q and the cache (split, rotated and written in one
-      // launch on the CUDA device).
+    if (!latent && !(layer.q_norm != nullptr && c.qk_norm_full)) {
+      // The QKV product's rows straight into q and the cache: split, each head of q and k
+      // normalized (Qwen3's and Gemma 3's QK-norm), rotated and written (one launch on the CUDA
+      // device).
+      QkvSpec qkv_spec;
+      qkv_spec.rope = layer_rope;
+      if (layer.q_norm != nullptr) {
+        qkv_spec.q_norm = Vector(*layer.q_norm, hd);
+        qkv_spec.k_norm = Vector(*layer.k_norm, hd);
+        qkv_spec.norm_eps = eps;
+      }
       LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
-      LOOM_RETURN_IF_ERROR(d.QkvToCache(qkv_.view, q, k, v, step.positions, layer_rope, *kv_cache_,
+      LOOM_RETURN_IF_ERROR(d.QkvToCache(qkv_.view, q, k, v, step.positions, qkv_spec, *kv_cache_,
                                         kv_layer, step.slots));
     } else {
       LOOM_RETURN_IF_ERROR(QkvProjections(layer, attn_in, l));
@@ -484,7 +492,6 @@ absl::Status LlamaGraph::QkvProjections(const Layer& layer, const Tensor& x, int
   const common::ModelConfig& c = config_;
   const int64_t T = x.rows(), hd = c.head_dim;
   const int64_t heads = shard_.num_heads, kv_heads = shard_.num_kv_heads;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
   const Tensor q = q_.view, k = k_.view, v = v_.view;
   if (layer.mla_kv_a != nullptr) return MlaProjections(layer, x, l, q, k);
   const Tensor parts[] = {Tensor::Of(q.data, DType::kF32, q.device, {T, heads * hd}),
@@ -492,20 +499,10 @@ absl::Status LlamaGraph::QkvProjections(const Layer& layer, const Tensor& x, int
                           Tensor::Of(v.data, DType::kF32, v.device, {T, kv_heads * hd})};
   LOOM_RETURN_IF_ERROR(d.Linear(x, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
   LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
-  if (layer.q_norm != nullptr && c.qk_norm_full) {
-    // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
-    LOOM_RETURN_IF_ERROR(
-        NormAllHeads(parts[0], *layer.q_norm, c.num_heads * hd, shard_.head0 * hd));
-    return NormAllHeads(parts[1], *layer.k_norm, c.num_kv_heads * hd, shard_.kv_head0 * hd);
-  }
-  if (layer.q_norm != nullptr) {
-    // Qwen3's QK-norm: each head of q and k is RMS-normalized before RoPE.
-    const Tensor q_heads = Tensor::Of(q.data, DType::kF32, q.device, {T * heads, hd});
-    const Tensor k_heads = Tensor::Of(k.data, DType::kF32, k.device, {T * kv_heads, hd});
-    LOOM_RETURN_IF_ERROR(d.RmsNorm(q_heads, Vector(*layer.q_norm, hd), eps, q_heads));
-    LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
-  }
-  return absl::OkStatus();
+  if (layer.q_norm == nullptr) return absl::OkStatus();
+  // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
+  LOOM_RETURN_IF_ERROR(NormAllHeads(parts[0], *layer.q_norm, c.num_heads * hd, shard_.head0 * hd));
+  return NormAllHeads(parts[1], *layer.k_norm, c.num_kv_heads * hd, shard_.kv_head0 * hd);
 }
 
 absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q,

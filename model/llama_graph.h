@@ -156,7 +156,8 @@ class LlamaGraph {
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
   // Layer `l`'s queries, keys and values of its attention input `x` [T, hidden] into q_, k_
-  // and v_: the fused QKV product split and any QK-norm applied, or MlaProjections.
+  // and v_ where Device::QkvToCache does not make them: the fused QKV product split with
+  // OLMo's QK-norm (all heads together), or MlaProjections.
   absl::Status QkvProjections(const Layer& layer, const Tensor& x, int64_t l);
   // Multi-head latent attention's projections of `x` [T, hidden] (layer `l`), absorbed: each
   // query head's rotary part beside its other part taken into the latent space into q

@@ -40,6 +40,13 @@ absl::Status CheckRopeWriteKvParams(const RopeWriteKvParams& p) {
       return absl::InvalidArgumentError("RopeWriteKv: null positions");
     }
   }
+  if ((p.q_norm == nullptr) != (p.k_norm == nullptr)) {
+    return absl::InvalidArgumentError("RopeWriteKv: q_norm and k_norm go together");
+  }
+  if (p.q_norm != nullptr && (!std::isfinite(p.norm_eps) || p.norm_eps < 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("RopeWriteKv: norm_eps %g must be finite and >= 0", p.norm_eps));
+  }
   if (p.num_tokens > 0 && (p.qkv == nullptr || p.q_out == nullptr || p.slots == nullptr)) {
     return absl::InvalidArgumentError("RopeWriteKv: null qkv, q_out or slots");
   }

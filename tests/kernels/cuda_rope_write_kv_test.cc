@@ -51,6 +51,15 @@ TEST(CudaRopeWriteKvTest, RejectsBadShapesBeforeLaunch) {
   p.slots = nullptr;
   EXPECT_EQ(LaunchRopeWriteKv(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
   p.slots = ints;
+  p.q_norm = storage;  // without k_norm
+  status = CheckRopeWriteKvParams(p);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("q_norm and k_norm"), std::string::npos) << status;
+  p.k_norm = storage;
+  p.norm_eps = -1.0f;
+  EXPECT_EQ(LaunchRopeWriteKv(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.norm_eps = 1e-6f;
+  EXPECT_TRUE(CheckRopeWriteKvParams(p).ok());
   // Without rotation neither positions nor rope_dim are read.
   p.inv_freq = nullptr;
   p.positions = nullptr;
@@ -65,26 +74,31 @@ TEST(CudaRopeWriteKvTest, RejectsBadShapesBeforeLaunch) {
   EXPECT_NE(status.message().find("8-bit"), std::string::npos) << status;
 }
 
-// Against cpu::RopeReference (cos/sin in double of the same float angle) and against what it
-// replaces on the device: LaunchRope on the fused rows, then LaunchWriteKv from them, bit for
-// bit (the same float operations). Padding slots (-1) are skipped, slots not written keep their
-// contents, and the rows' padding beyond the row (qkv_stride) is never read into results.
+// Against cpu::RopeReference (cos/sin in double of the same float angle) after QK-norm in double,
+// and without QK-norm against what it replaces on the device: LaunchRope on the fused rows, then
+// LaunchWriteKv from them, bit for bit (the same float operations). Padding slots (-1) are skipped,
+// slots not written keep their contents, and the rows' padding beyond the row (qkv_stride) is never
+// read into results.
 TEST(CudaRopeWriteKvTest, EqualsRopeThenWriteKvAndTheCpuReference) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
     int64_t tokens, heads, kv_heads, head_dim, rope_dim;  // rope_dim 0: no rotation
     bool neox;
     int64_t stride_pad;
+    bool qk_norm = false;  // each head of q and k RMS-normalized first (Qwen3)
   };
   uint32_t seed = 1;
   for (DataType kv : {DataType::kF16, DataType::kBF16}) {
-    for (const Case& c : {Case{1, 1, 1, 64, 64, false, 0}, Case{5, 9, 3, 64, 64, false, 0},
-                          Case{7, 8, 2, 128, 128, true, 16}, Case{3, 4, 4, 128, 64, true, 0},
-                          Case{17, 14, 2, 64, 32, false, 8}, Case{23, 32, 8, 128, 128, false, 0},
-                          Case{6, 6, 2, 80, 0, false, 0}}) {
-      SCOPED_TRACE(testing::Message() << DataTypeName(kv) << " tokens=" << c.tokens << " heads="
-                                      << c.heads << "/" << c.kv_heads << " dim=" << c.head_dim
-                                      << "/" << c.rope_dim << " neox=" << c.neox);
+    for (const Case& c :
+         {Case{1, 1, 1, 64, 64, false, 0}, Case{5, 9, 3, 64, 64, false, 0},
+          Case{7, 8, 2, 128, 128, true, 16}, Case{3, 4, 4, 128, 64, true, 0},
+          Case{17, 14, 2, 64, 32, false, 8}, Case{23, 32, 8, 128, 128, false, 0},
+          Case{6, 6, 2, 80, 0, false, 0}, Case{5, 8, 2, 128, 128, true, 0, true},
+          Case{3, 4, 4, 64, 32, false, 8, true}, Case{4, 6, 2, 80, 0, false, 0, true}}) {
+      SCOPED_TRACE(testing::Message()
+                   << DataTypeName(kv) << " tokens=" << c.tokens << " heads=" << c.heads << "/"
+                   << c.kv_heads << " dim=" << c.head_dim << "/" << c.rope_dim << " neox=" << c.neox
+                   << " qk_norm=" << c.qk_norm);
       const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
       const int64_t row = q_dim + 2 * kv_dim, stride = row + c.stride_pad;
       const int64_t block_size = 16, num_blocks = (c.tokens + block_size) / block_size + 1;
@@ -107,11 +121,30 @@ TEST(CudaRopeWriteKvTest, EqualsRopeThenWriteKvAndTheCpuReference) {
       const float attention_factor = seed % 4 == 1 ? 1.0f : 1.1386294f;
       testing_util::HostCache before = testing_util::RandomCache(kv, pool, ++seed);
 
-      // The CPU reference: q and k rotated in double, every value as the cache would hold it.
+      // The CPU reference: q and k normalized and rotated in double, every value as the cache
+      // would hold it.
       std::vector<float> q(c.tokens * q_dim), k(c.tokens * kv_dim);
       for (int64_t t = 0; t < c.tokens; ++t) {
         std::copy_n(qkv.begin() + t * stride, q_dim, q.begin() + t * q_dim);
         std::copy_n(qkv.begin() + t * stride + q_dim, kv_dim, k.begin() + t * kv_dim);
+      }
+      const std::vector<float> q_norm = testing_util::RandomFloats(c.head_dim, ++seed, -2, 2);
+      const std::vector<float> k_norm = testing_util::RandomFloats(c.head_dim, ++seed, -2, 2);
+      constexpr float kEps = 1e-6f;
+      auto normalize = [&](std::vector<float>& heads, const std::vector<float>& weight) {
+        for (size_t h = 0; h < heads.size() / c.head_dim; ++h) {
+          float* x = heads.data() + h * c.head_dim;
+          double sum_squares = 0.0;
+          for (int64_t d = 0; d < c.head_dim; ++d) sum_squares += double{x[d]} * x[d];
+          const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.head_dim + kEps);
+          for (int64_t d = 0; d < c.head_dim; ++d) {
+            x[d] = static_cast<float>(x[d] * inverse_rms * weight[d]);
+          }
+        }
+      };
+      if (c.qk_norm) {
+        normalize(q, q_norm);
+        normalize(k, k_norm);
       }
       if (rotate) {
         cpu::RopeParams ref{q.data(), k.data(),   positions.data(), inv_freq.data(), c.tokens,
@@ -138,6 +171,10 @@ TEST(CudaRopeWriteKvTest, EqualsRopeThenWriteKvAndTheCpuReference) {
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(before.v_bytes));
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q,
                                 testing_util::Poisoned(DataType::kF32, c.tokens * q_dim));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q_norm,
+                                testing_util::Upload(DataType::kF32, q_norm));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k_norm,
+                                testing_util::Upload(DataType::kF32, k_norm));
       RopeWriteKvParams p;
       p.qkv = static_cast<const float*>(d_qkv.data());
       p.qkv_stride = stride;
@@ -151,6 +188,11 @@ TEST(CudaRopeWriteKvTest, EqualsRopeThenWriteKvAndTheCpuReference) {
       p.rope_dim = c.rope_dim;
       p.neox = c.neox;
       p.attention_factor = attention_factor;
+      if (c.qk_norm) {
+        p.q_norm = static_cast<const float*>(d_q_norm.data());
+        p.k_norm = static_cast<const float*>(d_k_norm.data());
+        p.norm_eps = kEps;
+      }
       ASSERT_TRUE(LaunchRopeWriteKv(p, nullptr).ok());
       ASSERT_TRUE(SynchronizeStream(nullptr).ok());
       LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> q_out,
@@ -166,7 +208,9 @@ TEST(CudaRopeWriteKvTest, EqualsRopeThenWriteKvAndTheCpuReference) {
                                kv, std::vector<float>(expected_v.begin(), expected_v.end()))),
                            0.0, 0.0));
 
-      // The unfused launches on a second pool, from the same rows.
+      // The unfused launches on a second pool, from the same rows (QK-norm's sums run in
+      // another order in LaunchRmsNorm: its results are the reference's above).
+      if (c.qk_norm) continue;
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k2, testing_util::UploadRaw(before.k_bytes));
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v2, testing_util::UploadRaw(before.v_bytes));
       if (rotate) {

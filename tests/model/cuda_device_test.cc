@@ -614,8 +614,8 @@ TEST(CudaDeviceTest, WriteKvAndPagedAttentionMatchCpuForPrefillAndDecode) {
   }
 }
 
-// QkvToCache (one launch on CUDA, the three ops on the CPU) for a 5-token prompt, then a decode
-// token, with and without RoPE: the rotated queries, attention over what it wrote, and the
+// QkvToCache (one launch on CUDA, the separate ops on the CPU) for a 5-token prompt, then a decode
+// token, with and without RoPE, with QK-norm: the queries, attention over what it wrote, and the
 // output projection of the decode step's attention output (which reads the decode kernel's own
 // copy in the GEMM's dtype on CUDA).
 TEST(CudaDeviceTest, QkvToCacheAndTheDecodeOutputsCopyMatchCpu) {
@@ -643,8 +643,9 @@ TEST(CudaDeviceTest, QkvToCacheAndTheDecodeOutputsCopyMatchCpu) {
   struct Phase {
     std::vector<int32_t> slots, positions, qs, cl;
   } phases[] = {{{48, 49, 50, 51, 52}, {0, 1, 2, 3, 4}, {0, 5}, {5}}, {{53}, {5}, {0, 1}, {6}}};
-  for (bool rotate : {true, false}) {
-    SCOPED_TRACE(testing::Message() << "rope=" << rotate);
+  const std::vector<float> q_norm = Random(hd, 69, 2.0f), k_norm = Random(hd, 68, 2.0f);
+  for (auto [rotate, qk_norm] : {std::pair{true, false}, {false, false}, {true, true}}) {
+    SCOPED_TRACE(testing::Message() << "rope=" << rotate << " qk_norm=" << qk_norm);
     Pair pair = MakePair();
     std::unique_ptr<KvCache> caches[2];
     std::unique_ptr<DeviceLinear> weights[2];
@@ -658,7 +659,7 @@ TEST(CudaDeviceTest, QkvToCacheAndTheDecodeOutputsCopyMatchCpu) {
       ASSERT_TRUE(w.ok()) << w.status();
       weights[i] = std::move(*w);
     }
-    uint32_t seed = rotate ? 71 : 81;
+    uint32_t seed = rotate ? (qk_norm ? 91 : 71) : 81;
     for (const Phase& phase : phases) {
       const auto tokens = static_cast<int64_t>(phase.slots.size());
       const std::vector<float> qkv = Random(tokens * row, seed++);
@@ -679,10 +680,16 @@ TEST(CudaDeviceTest, QkvToCacheAndTheDecodeOutputsCopyMatchCpu) {
         const Tensor o = s.Zeros({tokens, heads * hd}), y = s.Zeros({tokens, n});
         // Sizes the GEMM input first: the decode kernel leaves its copy there only when it fits.
         ASSERT_TRUE(s.device->Linear(o, *weights[i], y, {}).ok());
-        absl::Status status =
-            s.device->QkvToCache(s.Put(qkv, {tokens, row}), q, s.Zeros({tokens, kv_heads, hd}),
-                                 s.Zeros({tokens, kv_heads, hd}), step->positions,
-                                 rotate ? &rope : nullptr, *caches[i], 1, step->slots);
+        QkvSpec qkv_spec;
+        qkv_spec.rope = rotate ? &rope : nullptr;
+        if (qk_norm) {
+          qkv_spec.q_norm = s.Put(q_norm, {hd});
+          qkv_spec.k_norm = s.Put(k_norm, {hd});
+          qkv_spec.norm_eps = 1e-6f;
+        }
+        absl::Status status = s.device->QkvToCache(
+            s.Put(qkv, {tokens, row}), q, s.Zeros({tokens, kv_heads, hd}),
+            s.Zeros({tokens, kv_heads, hd}), step->positions, qkv_spec, *caches[i], 1, step->slots);
         ASSERT_TRUE(status.ok()) << status;
         status = s.device->PagedAttention(*caches[i], 1, q, *step, spec, o);
         ASSERT_TRUE(status.ok()) << status;
