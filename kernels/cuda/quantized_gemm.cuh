@@ -49,8 +49,15 @@
 // Dequantization in registers. INT4: OR-ing a nibble into the mantissa of the F16 1024.0
 // (0x6400) or the BF16 128.0 (0x4300) gives 1024 + q (128 + q) exactly; subtracting the
 // magic is exact; one fused q * scale + min (hfma2) rounds once to the activation type.
-// INT8: the biased byte goes into the mantissa of the F32 2^23 (exact), minus 2^23 + 128
-// is q exactly, converted to F16/BF16 exactly (|q| <= 128); a per-channel row scale
+// In F16 the odd nibbles stay where they are (bits 4-7 of each half: 1024 + 16q, and one
+// hfma2 by 1/16 minus 64 is q exactly), so a word takes one shift, not three; each mask-and-
+// OR is one lop3 (AndOr). Instructions, not bytes, bound these kernels at small m (their
+// W4A16 ran no faster than W8A16 on the H200), so every step's index arithmetic is done once
+// per thread (ForEachUnit) and the conversions take the fewest instructions that stay exact.
+// INT8: in F16, two biased bytes go into the low mantissa bytes of (1024.0, 1024.0) (one
+// byte_perm), minus 1152 is q exactly; in BF16 the biased byte goes into the mantissa of the
+// F32 2^23 (exact), minus 2^23 + 128 is q exactly, converted exactly (|q| <= 128); a
+// per-channel row scale
 // multiplies the F32 sum in the epilogue, group-wise scales (GGUF Q8_0) multiply the A
 // fragments before the MMA (ScaleRows: one rounding to the activation type); F32 scales and
 // mins (K-quants) make the value q * scale + min in F32 (one fma, as the CPU dequantizes it),
@@ -109,6 +116,15 @@ struct PairOf<__nv_bfloat16> {
   static constexpr uint32_t kInt4Magic = 0x43004300u;  // (128.0, 128.0)
 };
 
+/// (a & kB) | kC in one instruction. Written in C++ the compiler emits an AND and an OR (LOP3 takes
+/// one immediate); as one lop3 ptxas keeps the other constant in a register, set once.
+template <uint32_t kB, uint32_t kC>
+__device__ __forceinline__ uint32_t AndOr(uint32_t a) {
+  uint32_t out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(out) : "r"(a), "n"(kB), "n"(kC));
+  return out;
+}
+
 /// The A fragment (a0..a3) of one k16 step from its INT4 word. `scales` = (scale of row g, scale of
 /// row g + 8) and `mins` likewise, as F16 bits in the low and high halves.
 template <typename T>
@@ -133,11 +149,27 @@ __device__ __forceinline__ void DequantInt4(uint32_t word, uint32_t scales, uint
     min_lo = __float2bfloat162_rn(m.x);
     min_hi = __float2bfloat162_rn(m.y);
   }
+  T2 q[4];
+  if constexpr (std::is_same_v<T, __half>) {
+    // The odd nibbles where they are: OR-ed into 1024.0's mantissa bits 4-7 they make 1024 + 16q,
+    // and (1024 + 16q) / 16 - 64 = q exactly (one hfma2 instead of a shift and a subtraction).
+    const __half2 sixteenth = __float2half2_rn(1.0f / 16.0f), minus64 = __float2half2_rn(-64.0f);
+    const uint32_t high = word >> 8;
+    q[0] = __hsub2(BitCast<T2>(AndOr<0x000f000fu, kMagic>(word)), magic);
+    q[1] = __hfma2(BitCast<T2>(AndOr<0x00f000f0u, kMagic>(word)), sixteenth, minus64);
+    q[2] = __hsub2(BitCast<T2>(AndOr<0x000f000fu, kMagic>(high)), magic);
+    q[3] = __hfma2(BitCast<T2>(AndOr<0x00f000f0u, kMagic>(high)), sixteenth, minus64);
+  } else {
+    // BF16's 7-bit mantissa has no room for bits 4-7: every nibble shifted down.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = __hsub2(BitCast<T2>(AndOr<0x000f000fu, kMagic>(word >> (4 * i))), magic);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const T2 q = __hsub2(BitCast<T2>(((word >> (4 * i)) & 0x000f000fu) | kMagic), magic);
     a[i] = BitCast<uint32_t>(
-        __hfma2(q, i % 2 == 0 ? scale_lo : scale_hi, i % 2 == 0 ? min_lo : min_hi));
+        __hfma2(q[i], i % 2 == 0 ? scale_lo : scale_hi, i % 2 == 0 ? min_lo : min_hi));
   }
 }
 
@@ -183,6 +215,16 @@ __device__ __forceinline__ float Int8FromBiased(uint32_t biased) {
 template <typename T>
 __device__ __forceinline__ void ConvertInt8(uint32_t word0, uint32_t word1, uint32_t (&a)[4]) {
   const uint32_t w0 = word0 ^ 0x80808080u, w1 = word1 ^ 0x80808080u;
+  if constexpr (std::is_same_v<T, __half>) {
+    // Two biased bytes into the low mantissa bytes of the F16 pair (1024.0, 1024.0): 1024 + b
+    // exactly (b < 256 fits 10 mantissa bits), minus 1152 leaves the int8 value, exactly.
+    const __half2 bias = __float2half2_rn(1152.0f);
+    a[0] = BitCast<uint32_t>(__hsub2(BitCast<__half2>(__byte_perm(w0, 0x64646464u, 0x4140)), bias));
+    a[1] = BitCast<uint32_t>(__hsub2(BitCast<__half2>(__byte_perm(w0, 0x64646464u, 0x4342)), bias));
+    a[2] = BitCast<uint32_t>(__hsub2(BitCast<__half2>(__byte_perm(w1, 0x64646464u, 0x4140)), bias));
+    a[3] = BitCast<uint32_t>(__hsub2(BitCast<__half2>(__byte_perm(w1, 0x64646464u, 0x4342)), bias));
+    return;
+  }
   a[0] = PackPair<T>(Int8FromBiased<0>(w0), Int8FromBiased<1>(w0));
   a[1] = PackPair<T>(Int8FromBiased<2>(w0), Int8FromBiased<3>(w0));
   a[2] = PackPair<T>(Int8FromBiased<0>(w1), Int8FromBiased<1>(w1));
@@ -383,60 +425,64 @@ struct Block {
   using Acc = float[S::kFragsN][S::kTilesM][4];
 
   // Issues the cp.async copies of block step `step` into stage `stage`.
+  // Calls body(i) for each of the kCount 16-byte units this thread copies (i = threadIdx.x + j
+  // kThreads), j unrolled: the trip count is known, so each unit's index arithmetic depends on the
+  // thread alone and is computed once for the whole main loop, not every step.
+  template <int kCount, typename Body>
+  static __device__ __forceinline__ void ForEachUnit(Body&& body) {
+#pragma unroll
+    for (int j = 0; j < (kCount + S::kThreads - 1) / S::kThreads; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * S::kThreads;
+      if (kCount % S::kThreads == 0 || i < kCount) body(i);
+    }
+  }
+
   static __device__ __forceinline__ void LoadStage(const Args& args, uint8_t* stage, int step,
                                                    int row_tile0, int m0) {
     const int num_row_tiles = args.n / 16;
     const int k_chunks = args.k / 64;
     const int chunk0 = step * S::kWarpsK;
-    // Weights: per row tile, kWarpsK consecutive 64-column chunks (contiguous in global).
+    // Weights: per row tile, kWarpsK consecutive 64-column chunks (contiguous in global); the
+    // step moves every unit by the same chunks.
     constexpr int kUnitsPerRowTile = S::kWarpsK * S::kChunkBytes / 16;
     constexpr int kUnitsPerChunk = S::kChunkBytes / 16;
-#pragma unroll
-    for (int i = threadIdx.x; i < S::kRowTiles * kUnitsPerRowTile; i += S::kThreads) {
+    const uint8_t* step_weight = args.weight + static_cast<int64_t>(chunk0) * S::kChunkBytes;
+    ForEachUnit<S::kRowTiles * kUnitsPerRowTile>([&](int i) {
       const int tile = i / kUnitsPerRowTile, within = i % kUnitsPerRowTile;
       const bool valid =
           row_tile0 + tile < num_row_tiles && chunk0 + within / kUnitsPerChunk < k_chunks;
-      const uint8_t* source =
-          valid
-              ? args.weight +
-                    (static_cast<int64_t>(row_tile0 + tile) * k_chunks + chunk0) * S::kChunkBytes +
-                    within * 16
-              : args.weight;
-      CpAsync16(stage + i * 16, source, valid);
-    }
+      const int64_t offset =
+          static_cast<int64_t>(row_tile0 + tile) * k_chunks * S::kChunkBytes + within * 16;
+      CpAsync16(stage + i * 16, valid ? step_weight + offset : args.weight, valid);
+    });
     // Activations: [kBlockM, kStepK], swizzled.
     const T* x = static_cast<const T*>(args.x);
+    const T* step_x = x + step * S::kStepK;
     uint8_t* act = stage + S::kWeightBytes;
-#pragma unroll
-    for (int i = threadIdx.x; i < S::kBlockM * S::kUnitsPerRow; i += S::kThreads) {
+    ForEachUnit<S::kBlockM * S::kUnitsPerRow>([&](int i) {
       const int row = i / S::kUnitsPerRow, unit = i % S::kUnitsPerRow;
       const int m = m0 + row;
-      const int col = step * S::kStepK + unit * 8;
-      const bool valid = m < args.m && col < args.k;
-      const T* source = valid ? x + static_cast<int64_t>(m) * args.k + col : x;
-      CpAsync16(act + ActOffset<S::kUnitsPerRow>(row, unit), source, valid);
-    }
+      const bool valid = m < args.m && step * S::kStepK + unit * 8 < args.k;
+      const int64_t offset = static_cast<int64_t>(m) * args.k + unit * 8;
+      CpAsync16(act + ActOffset<S::kUnitsPerRow>(row, unit), valid ? step_x + offset : x, valid);
+    });
     if constexpr (S::kGrouped) {
       // Scale/min: per row tile, the kScaleGroups groups from the step's first (contiguous).
       const int num_groups = args.k / kGroup;
       const int group0 = step * S::kStepK / kGroup;
       const uint8_t* scales = static_cast<const uint8_t*>(args.scales);
+      const uint8_t* step_scales = scales + static_cast<int64_t>(group0) * S::kScaleGroupBytes;
       uint8_t* scale_stage = stage + S::kWeightBytes + S::kActBytes;
       constexpr int kUnitsPerGroup = S::kScaleGroupBytes / 16;
       constexpr int kUnitsPerTile = S::kScaleGroups * kUnitsPerGroup;
-#pragma unroll
-      for (int i = threadIdx.x; i < S::kRowTiles * kUnitsPerTile; i += S::kThreads) {
+      ForEachUnit<S::kRowTiles * kUnitsPerTile>([&](int i) {
         const int tile = i / kUnitsPerTile, within = i % kUnitsPerTile;
         const bool valid =
             row_tile0 + tile < num_row_tiles && group0 + within / kUnitsPerGroup < num_groups;
-        const uint8_t* source =
-            valid ? scales +
-                        (static_cast<int64_t>(row_tile0 + tile) * num_groups + group0) *
-                            S::kScaleGroupBytes +
-                        within * 16
-                  : scales;
-        CpAsync16(scale_stage + i * 16, source, valid);
-      }
+        const int64_t offset =
+            static_cast<int64_t>(row_tile0 + tile) * num_groups * S::kScaleGroupBytes + within * 16;
+        CpAsync16(scale_stage + i * 16, valid ? step_scales + offset : scales, valid);
+      });
     }
   }
 
