@@ -68,7 +68,10 @@ __device__ __forceinline__ int Swizzled(int row, int chunk) {
 
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::DecodeArgs args) {
   extern __shared__ __align__(16) uint8_t ring[];
-  __shared__ int64_t slot_ring[kStages][kTile];  // each tile's slots, -1 when none
+  // Each tile's slots (-1: none), resolved through the block table once per row, a tile ahead of
+  // its copies: one entry more than the ring, so that a tile's entry is written while the tile
+  // before it is issued and the one before that computed (it reads its entry for the mask).
+  __shared__ int64_t slot_ring[kStages + 1][kTile];
   __shared__ float warp_max[kWarps][kMaxGroup], warp_sum[kWarps][kMaxGroup];
 
   const int seq = blockIdx.z, split = blockIdx.x, num_splits = gridDim.x;
@@ -95,35 +98,42 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     }
   }
 
-  // ---- the ring: thread i copies column i % 16 of rows i / 16 + 8 j of each tile.
+  // ---- the slots: thread `row` < kTile resolves row `row` of a tile (one division and one
+  // block-table load per row, not per 16-byte chunk).
   bool bad = false;  // a table the host failed to validate
+  auto resolve = [&](int tile) {
+    if (tile >= num_tiles || threadIdx.x >= kTile) return;
+    const int row = threadIdx.x;
+    const int position = begin + tile * kTile + row;
+    int64_t slot = -1;
+    if (position < end) {
+      const int index = position / args.block_size;
+      const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
+      if (block >= 0 && block < args.num_blocks) {
+        slot = static_cast<int64_t>(block) * args.block_size + (position - index * args.block_size);
+      } else {
+        bad = true;
+      }
+    }
+    slot_ring[tile % (kStages + 1)][row] = slot;
+  };
+  // ---- the ring: thread i copies column i % 16 of rows i / 16 + 8 j of each tile, from the
+  // slots resolved a tile earlier.
+  const int column = threadIdx.x % kChunks;
   auto issue = [&](int tile) {
     if (tile < num_tiles) {
-      const int stage = tile % kStages;
-      uint8_t* k_stage = ring + stage * kStageBytes;
+      uint8_t* k_stage = ring + (tile % kStages) * kStageBytes;
+      const int64_t* slots = slot_ring[tile % (kStages + 1)];
 #pragma unroll
       for (int i = 0; i < kTile * kChunks / kThreads; ++i) {
-        const int c = i * kThreads + threadIdx.x;
-        const int row = c / kChunks, column = c % kChunks;
-        const int position = begin + tile * kTile + row;
-        int64_t slot = -1;
-        if (position < end) {
-          const int index = position / args.block_size;
-          const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
-          if (block >= 0 && block < args.num_blocks) {
-            slot = static_cast<int64_t>(block) * args.block_size + position % args.block_size;
-          } else {
-            bad = true;
-          }
-        }
+        const int row = (i * kThreads + threadIdx.x) / kChunks;
+        const int64_t slot = slots[row];
         const int64_t at =
             slot >= 0 ? (slot * args.num_kv_heads + kv_head) * (kHeadDim * 2) + column * 16 : 0;
         CopyAsync16(k_stage + Swizzled(row, column), static_cast<const uint8_t*>(args.k_cache) + at,
                     slot >= 0 ? 16 : 0);
         CopyAsync16(k_stage + kTileBytes + Swizzled(row, column),
-                    static_cast<const uint8_t*>(args.v_cache) + at,
-                    slot >= 0 ? 16 : 0);
-        if (column == 0) slot_ring[stage][row] = slot;
+                    static_cast<const uint8_t*>(args.v_cache) + at, slot >= 0 ? 16 : 0);
       }
     }
     CopyAsyncCommit();  // an empty group past the last tile keeps the wait counts uniform
@@ -161,7 +171,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
       for (int e = 0; e < 4; ++e) {
         float score = s[j][e] * args.scale;
         if (args.softcap > 0.0f) score = args.softcap * tanhf(score / args.softcap);
-        const bool valid = slot_ring[stage][row0 + 8 * j + 2 * t + (e & 1)] >= 0;
+        const bool valid =
+            slot_ring[tile % (kStages + 1)][row0 + 8 * j + 2 * t + (e & 1)] >= 0;
         s[j][e] = valid ? score : -INFINITY;
       }
     }
@@ -203,13 +214,20 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     }
   };
 
-  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed.
+  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed, their slots
+  // resolved one tile further ahead (published by each iteration's barrier).
+#pragma unroll
+  for (int tile = 0; tile < kStages; ++tile) resolve(tile);
+  __syncthreads();
 #pragma unroll
   for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
   for (int tile = 0; tile < num_tiles; ++tile) {
     CopyAsyncWait<kStages - 2>();  // this thread's copies of `tile` landed
-    __syncthreads();  // everyone's have, and everyone finished tile - 1 (its stage is free)
+    // Everyone's have; everyone finished tile - 1 (its stage and its slots' entry are free), and
+    // the slots of tile + kStages - 1 are visible.
+    __syncthreads();
     issue(tile + kStages - 1);
+    resolve(tile + kStages);
     compute(tile);
   }
   CopyAsyncWait<0>();
