@@ -89,8 +89,8 @@ MODEL_FILTER='CudaDevice*:CudaKvPoolShare*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
-# speculative verify, KV write.
-SANITIZER_FILTER='CudaKvBlockCopyTest.*:CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaQuantGemmTest.F32ScaledInt8WeightsReadBackBitForBit:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*'
+# speculative verify, KV write (and the fused RoPE + KV write).
+SANITIZER_FILTER='CudaKvBlockCopyTest.*:CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaQuantGemmTest.F32ScaledInt8WeightsReadBackBitForBit:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*:CudaRopeWriteKvTest.*'
 # ... and one whole CUDA runner scenario (prefill, chunked prefill, graph capture and
 # replay, device sampling), memcheck only.
 FORWARD_PASS_SANITIZER_FILTER='CudaForwardPassTest.GraphsOnAndOffGiveIdenticalLogits'
