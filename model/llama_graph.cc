@@ -374,7 +374,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
                     .groups_used = c.expert_groups_used,
                     .swiglu_limit = c.swiglu_limit};
   const Tensor residual = residual_.view, proj = proj_.view;
-  const Tensor q = q_.view, k = k_.view, v = v_.view;
+  const Tensor q = q_.view;
 
   // Tensor parallel: a rank embeds the ids of its vocabulary slice (zeros elsewhere), and
   // the partial sums of the embedding and of the row-parallel layers add up across ranks.
@@ -420,28 +420,8 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     const RopeSpec* layer_rope = !c.LayerRotates(l)     ? nullptr
                                  : attention.window > 0 ? &local_rope
                                                         : &rope;
+    LOOM_RETURN_IF_ERROR(AttentionInputs(layer, attn_in, l, kv_layer, step, layer_rope));
     const bool latent = layer.mla_kv_a != nullptr;
-    if (!latent && !(layer.q_norm != nullptr && c.qk_norm_full)) {
-      // The QKV product's rows straight into q and the cache: split, each head of q and k
-      // normalized (Qwen3's and Gemma 3's QK-norm), rotated and written (one launch on the CUDA
-      // device).
-      QkvSpec qkv_spec;
-      qkv_spec.rope = layer_rope;
-      if (layer.q_norm != nullptr) {
-        qkv_spec.q_norm = Vector(*layer.q_norm, hd);
-        qkv_spec.k_norm = Vector(*layer.k_norm, hd);
-        qkv_spec.norm_eps = eps;
-      }
-      LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
-      LOOM_RETURN_IF_ERROR(d.QkvToCache(qkv_.view, q, k, v, step.positions, qkv_spec, *kv_cache_,
-                                        kv_layer, step.slots));
-    } else {
-      LOOM_RETURN_IF_ERROR(QkvProjections(layer, attn_in, l));
-      if (layer_rope != nullptr) LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, *layer_rope));
-      // Latent attention's value is its key (the latent, beside the rotary part MlaOutput
-      // drops).
-      LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, latent ? k : v, step.slots));
-    }
     LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, kv_layer, q, step, attention, attn_.view));
     Tensor attn_out = attn_.view;
     if (latent) {
@@ -485,6 +465,32 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   if (!shard_.last_stage()) return send_(residual, proj);
   if (R == 0) return absl::OkStatus();
   return Head(step, logits, hidden);
+}
+
+absl::Status LlamaGraph::AttentionInputs(const Layer& layer, const Tensor& x, int64_t l,
+                                         int64_t kv_layer, const StepTensors& step,
+                                         const RopeSpec* rope) {
+  Device& d = *device_;
+  const common::ModelConfig& c = config_;
+  const Tensor q = q_.view, k = k_.view, v = v_.view;
+  const bool latent = layer.mla_kv_a != nullptr;
+  if (latent || (layer.q_norm != nullptr && c.qk_norm_full)) {
+    LOOM_RETURN_IF_ERROR(QkvProjections(layer, x, l));
+    if (rope != nullptr) LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, *rope));
+    // Latent attention's value is its key (the latent, beside the rotary part MlaOutput drops).
+    return d.WriteKv(*kv_cache_, kv_layer, k, latent ? k : v, step.slots);
+  }
+  // The QKV product's rows straight into q and the cache: split, each head of q and k normalized
+  // (Qwen3's and Gemma 3's QK-norm), rotated and written (one launch on the CUDA device).
+  QkvSpec spec;
+  spec.rope = rope;
+  if (layer.q_norm != nullptr) {
+    spec.q_norm = Vector(*layer.q_norm, c.head_dim);
+    spec.k_norm = Vector(*layer.k_norm, c.head_dim);
+    spec.norm_eps = static_cast<float>(c.rms_norm_eps);
+  }
+  LOOM_RETURN_IF_ERROR(d.Linear(x, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
+  return d.QkvToCache(qkv_.view, q, k, v, step.positions, spec, *kv_cache_, kv_layer, step.slots);
 }
 
 absl::Status LlamaGraph::QkvProjections(const Layer& layer, const Tensor& x, int64_t l) {

@@ -155,6 +155,11 @@ class LlamaGraph {
   // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
+  // Layer `l`'s attention inputs of `x` [T, hidden]: its queries into q_ and its keys and
+  // values into layer `kv_layer` of the cache at the step's slots, rotated with `rope` (null:
+  // not rotated), through Device::QkvToCache, or QkvProjections then Rope and WriteKv.
+  absl::Status AttentionInputs(const Layer& layer, const Tensor& x, int64_t l, int64_t kv_layer,
+                               const StepTensors& step, const RopeSpec* rope);
   // Layer `l`'s queries, keys and values of its attention input `x` [T, hidden] into q_, k_
   // and v_ where Device::QkvToCache does not make them: the fused QKV product split with
   // OLMo's QK-norm (all heads together), or MlaProjections.
