@@ -3,7 +3,8 @@
 // kernel by `cuda_attention_bench --sweep` and held against the CPU reference by the candidate
 // test; serving runs paged_attention.cu's kernel until a GPU sweep says otherwise.
 //
-// Block (split, KV head, sequence), 128 threads = 4 warps, head dim 128, F16 K/V and query.
+// Block (split, KV head, sequence), 128 threads = 4 warps, head dim 128, F16 or BF16 K/V and a
+// query of the same type.
 // The KV head's query heads (at most 16) are the rows of one m16 tile, so S = Q K^T and
 // O += P V run as mma.sync m16n8k16 instead of one FMA per element per head (FlashInfer's
 // tensor-core decode for GQA): a tile of 64 tokens gives each warp 16 of them, two n8 tiles of
@@ -17,10 +18,10 @@
 // Tiles stream through a kStages-deep cp.async ring (K then V, 16 KiB each); a row's 16
 // chunks of 16 bytes are stored at chunk ^ (token & 7), so the 8 rows one ldmatrix phase
 // reads fall into 8 different bank groups. K loads as the B operand with plain ldmatrix, V
-// with ldmatrix.trans, and P, rounded to F16 as FlashAttention rounds it, is the A operand
-// taken straight from the score accumulators (fragment layouts: prefill_attention.cu's
-// header). The P rounding puts outputs about 1e-3 from the float reference rather than
-// 5e-5.
+// with ldmatrix.trans, and P, rounded to the K/V type as FlashAttention rounds it, is the A
+// operand taken straight from the score accumulators (fragment layouts: prefill_attention.cu's
+// header). The P rounding puts outputs about 1e-3 (F16; BF16 about 4e-3) from the float
+// reference rather than 5e-5.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -66,6 +67,7 @@ __device__ __forceinline__ int Swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 16;
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::DecodeArgs args) {
   extern __shared__ __align__(16) uint8_t ring[];
   // Each tile's slots (-1: none), resolved through the block table once per row, a tile ahead of
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
 
   // The query's A fragments for the 8 k-steps: a0 (head g, dims 2t, 2t+1), a1 (head g + 8),
   // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0.
-  const __half* q = static_cast<const __half*>(args.q) + seq * args.q_stride +
+  const T* q = static_cast<const T*>(args.q) + seq * args.q_stride +
                     static_cast<int64_t>(head0) * kHeadDim;
   uint32_t qa[kHeadDim / 16][4];
 #pragma unroll
@@ -161,8 +163,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t b[4];
       LoadMatrixX4(b, k_tile + Swizzled(row0 + (m >> 1) * 8 + r, 2 * ks + (m & 1)));
-      Mma<__half>(s[0], qa[ks], b[0], b[1]);
-      Mma<__half>(s[1], qa[ks], b[2], b[3]);
+      Mma<T>(s[0], qa[ks], b[0], b[1]);
+      Mma<T>(s[1], qa[ks], b[2], b[3]);
     }
     // Scale, soft-cap, mask: s[j][e] is (row g + (e >> 1) * 8, token row0 + 8 j + 2 t + (e & 1)).
 #pragma unroll
@@ -203,14 +205,14 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     // O += P V: P's A fragment is the score accumulators (n-tile 0: tokens 2t, 2t+1; n-tile
     // 1: 2t + 8, 2t + 9). V's matrices (.trans): 0 (tokens row0.., dims 8 d..), 1 (tokens
     // row0 + 8.., dims 8 d..), 2 and 3 the same for dims 8 (d + 1)..
-    const uint32_t pa[4] = {PackPair<__half>(s[0][0], s[0][1]), PackPair<__half>(s[0][2], s[0][3]),
-                            PackPair<__half>(s[1][0], s[1][1]), PackPair<__half>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {PackPair<T>(s[0][0], s[0][1]), PackPair<T>(s[0][2], s[0][3]),
+                            PackPair<T>(s[1][0], s[1][1]), PackPair<T>(s[1][2], s[1][3])};
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; d += 2) {
       uint32_t b[4];
       LoadMatrixX4Trans(b, v_tile + Swizzled(row0 + (m & 1) * 8 + r, d + (m >> 1)));
-      Mma<__half>(o[d], pa, b[0], b[1]);
-      Mma<__half>(o[d + 1], pa, b[2], b[3]);
+      Mma<T>(o[d], pa, b[0], b[1]);
+      Mma<T>(o[d + 1], pa, b[2], b[3]);
     }
   };
 
@@ -260,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
       kHeadDim,   split,            num_splits,       args.out_low,     args.out_low_bf16};
   for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
     const int h = i / kHeadDim, d = i % kHeadDim;
-    internal::StoreDecodeElement<__half, kWarps>(
+    internal::StoreDecodeElement<T, kWarps>(
         &warp_max[0][h], &warp_sum[0][h], kMaxGroup, merge + h * kHeadDim + d,
         kMaxGroup * kHeadDim, bad_table, output,
         static_cast<int64_t>(seq) * args.num_heads + head0 + h, head0 + h, d);
@@ -268,12 +270,13 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
 }
 
 // Blocks of the kernel one multiprocessor of the current device holds, asked once.
+template <typename T>
 absl::StatusOr<int> ResidentBlocksPerSm() {
   static std::atomic<int> resident{0};
   if (const int known = resident.load(); known > 0) return known;
   int blocks = 0;
   const cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, PagedDecodeMmaKernel, kThreads, kSharedBytes);
+      &blocks, PagedDecodeMmaKernel<T>, kThreads, kSharedBytes);
   if (error != cudaSuccess) {
     cudaGetLastError();
     return absl::InternalError(absl::StrFormat("PagedDecodeMma: occupancy query failed: %s",
@@ -288,25 +291,35 @@ absl::StatusOr<int> ResidentBlocksPerSm() {
 
 bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
   return p.cache.head_dim == kHeadDim && p.cache.quant == KvQuant::kNone &&
-         p.cache.dtype == DataType::kF16 && p.q_dtype == DataType::kF16 &&
-         p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
+         (p.cache.dtype == DataType::kF16 || p.cache.dtype == DataType::kBF16) &&
+         p.q_dtype == p.cache.dtype && p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
 }
 
-absl::Status internal::LaunchPagedDecodeMma(const PagedDecodeParams& p, cudaStream_t stream) {
+namespace {
+
+template <typename T>
+absl::Status LaunchKernel(const PagedDecodeParams& p, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(
-      internal::OptInSharedMemory<PagedDecodeMmaKernel>(kSharedBytes, "PagedDecodeMma"));
+      internal::OptInSharedMemory<PagedDecodeMmaKernel<T>>(kSharedBytes, "PagedDecodeMma"));
   LOOM_ASSIGN_OR_RETURN(internal::DecodeArgs args, internal::MakeDecodeArgs(p));
   args.head_chunks = 1;  // the whole group in one m16 tile
-  LOOM_ASSIGN_OR_RETURN(const int resident, ResidentBlocksPerSm());
+  LOOM_ASSIGN_OR_RETURN(const int resident, ResidentBlocksPerSm<T>());
   LOOM_ASSIGN_OR_RETURN(
       const int num_splits,
       internal::PlanDecodeSplits(p, p.num_seqs * p.cache.num_kv_heads, resident, args));
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.num_seqs));
-  PagedDecodeMmaKernel<<<grid, kThreads, kSharedBytes, stream>>>(args);
+  PagedDecodeMmaKernel<T><<<grid, kThreads, kSharedBytes, stream>>>(args);
   LOOM_RETURN_IF_ERROR(internal::CheckLaunch("PagedDecodeMma"));
   return num_splits > 1 ? internal::LaunchPagedDecodeReduce(p, num_splits, stream)
                         : absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status internal::LaunchPagedDecodeMma(const PagedDecodeParams& p, cudaStream_t stream) {
+  return p.cache.dtype == DataType::kBF16 ? LaunchKernel<__nv_bfloat16>(p, stream)
+                                          : LaunchKernel<__half>(p, stream);
 }
 
 }  // namespace loom::kernels::cuda

@@ -25,8 +25,8 @@ absl::StatusOr<DecodeArgs> MakeDecodeArgs(const PagedDecodeParams& params);
 absl::StatusOr<int> PlanDecodeSplits(const PagedDecodeParams& params, int64_t blocks_per_split,
                                      int resident, DecodeArgs& args);
 
-/// Whether LaunchPagedDecodeMma takes these (checked) params: head dim 128, F16 K/V with an
-/// F16 query, at most 16 query heads per KV head.
+/// Whether LaunchPagedDecodeMma takes these (checked) params: head dim 128, F16 or BF16 K/V
+/// with a query of the same type, at most 16 query heads per KV head.
 bool PagedDecodeMmaSupports(const PagedDecodeParams& params);
 
 /// LaunchPagedDecode's semantics (windows, soft-capping, sinks, splits and their workspace,

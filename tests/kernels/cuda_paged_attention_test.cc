@@ -652,8 +652,9 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
 // Every member of the tuning space (paged_attention_candidates.h) against the reference, F16
 // and INT8 caches where it takes them: contexts shorter than one tile, crossing tiles and
 // blocks, forced splits with empty partitions, the heuristic's splits, group tiles 4 and 8,
-// a window and soft-capping. The tensor-core member rounds P to F16: 2e-3 instead of 5e-5
-// (a misplaced fragment moves outputs by tenths).
+// a window and soft-capping. The tensor-core member rounds P to the K/V type: 2e-3 in F16 and
+// 1e-2 in BF16 (its 8-bit mantissa) instead of 5e-5 (a misplaced fragment moves outputs by
+// tenths); it runs BF16 caches too.
 TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 1300;
@@ -668,6 +669,11 @@ TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
       c.abs_tolerance = mma ? 2e-3 : 5e-5;
       RunDecodeCase(c, DataType::kF16, DataType::kF16, seed += 7);
       if (HasFatalFailure()) return;
+      if (mma) {
+        c.abs_tolerance = 1e-2;
+        RunDecodeCase(c, DataType::kBF16, DataType::kBF16, seed += 7);
+        if (HasFatalFailure()) return;
+      }
     }
     DecodeCase windowed{4, 4, 128, 16, {1500, 90}, 0, index, mma ? 2e-3 : 5e-5};
     RunDecodeCase(windowed, DataType::kF16, DataType::kF16, seed += 7, /*window=*/300,
