@@ -542,24 +542,33 @@ struct Block {
       }
     }
     const uint8_t* act = stage + S::kWeightBytes;
+    // This lane's rows' scales (and mins) of the group its 8 input features of half `r` lie in.
+    auto scales_of = [&](int f, int r) {
+      ScaleWords<kScales> sw{};
+      if constexpr (S::kGrouped) {
+        const int local_group = (k_sub + 32 * r + 8 * t) / kGroup - step * S::kStepK / kGroup;
+        const int tile = wn * S::kFragsN + f;
+        sw = *reinterpret_cast<const ScaleWords<kScales>*>(
+            stage + S::kWeightBytes + S::kActBytes +
+            (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
+            g * (S::kScaleGroupBytes / 8));
+      }
+      return sw;
+    };
+    // From groups of 64 up both halves of the (aligned, 64-column) chunk share one group: read
+    // once per step (with smaller groups the reads stay in the half loop, where the compiler
+    // schedules them better; with four fragments a warp, held across the halves they spill).
+    constexpr bool kOneGroup = !S::kGrouped || (kGroup >= 64 && S::kFragsN <= 2);
+    ScaleWords<kScales> chunk_scales[S::kFragsN];
+#pragma unroll
+    for (int f = 0; f < S::kFragsN; ++f) chunk_scales[f] = kOneGroup ? scales_of(f, 0) : ScaleWords<kScales>{};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint32_t a[S::kFragsN][2][4];
 #pragma unroll
       for (int f = 0; f < S::kFragsN; ++f) {
-        // This lane's group (its 8 input features of the half lie in one) and its rows'
-        // scales (and mins) for it in the stage.
-        ScaleWords<kScales> sw{};
-        if constexpr (S::kGrouped) {
-          const int local_group =
-              (k_sub + 32 * half + 8 * t) / kGroup - step * S::kStepK / kGroup;
-          const int tile = wn * S::kFragsN + f;
-          sw = *reinterpret_cast<const ScaleWords<kScales>*>(
-              stage + S::kWeightBytes + S::kActBytes +
-              (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
-              g * (S::kScaleGroupBytes / 8));
-        }
-        DequantHalf<T, kInt4, kGroup, kScales>(words[f], half, sw, a[f]);
+        DequantHalf<T, kInt4, kGroup, kScales>(words[f], half,
+                                               kOneGroup ? chunk_scales[f] : scales_of(f, half), a[f]);
       }
 #pragma unroll
       for (int tm = 0; tm < S::kTilesM; ++tm) {
