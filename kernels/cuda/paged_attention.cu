@@ -325,8 +325,8 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
   }
   __syncthreads();
   const internal::DecodeOutput output{
-      args.out,   args.partial_acc, args.partial_max, args.partial_sum, args.sinks,
-      kHeadDim,   split,            num_splits,       args.out_low,     args.out_low_bf16};
+      args.out, args.partial_acc, args.partial_max, args.partial_sum, args.sinks, kHeadDim,
+      split,    num_splits,       args.out_low,     args.out_low_bf16};
   for (int i = threadIdx.x; i < heads_here * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
     internal::StoreDecodeElement<Q, kWarps>(
@@ -525,17 +525,17 @@ absl::Status internal::LaunchPagedDecodeReduce(const PagedDecodeParams& p, int n
   const int threads = static_cast<int>(p.cache.head_dim);
   const bool low_bf16 = p.out_low_dtype == DataType::kBF16;
   if (p.q_dtype == DataType::kF32) {
-    PagedDecodeReduceKernel<float><<<grid, threads, 0, stream>>>(
-        acc, max, sum, p.sinks, static_cast<float*>(p.out), p.out_low, low_bf16, num_splits,
-        threads);
+    PagedDecodeReduceKernel<float>
+        <<<grid, threads, 0, stream>>>(acc, max, sum, p.sinks, static_cast<float*>(p.out),
+                                       p.out_low, low_bf16, num_splits, threads);
   } else if (p.q_dtype == DataType::kF16) {
-    PagedDecodeReduceKernel<__half><<<grid, threads, 0, stream>>>(
-        acc, max, sum, p.sinks, static_cast<__half*>(p.out), p.out_low, low_bf16, num_splits,
-        threads);
+    PagedDecodeReduceKernel<__half>
+        <<<grid, threads, 0, stream>>>(acc, max, sum, p.sinks, static_cast<__half*>(p.out),
+                                       p.out_low, low_bf16, num_splits, threads);
   } else {
-    PagedDecodeReduceKernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(
-        acc, max, sum, p.sinks, static_cast<__nv_bfloat16*>(p.out), p.out_low, low_bf16, num_splits,
-        threads);
+    PagedDecodeReduceKernel<__nv_bfloat16>
+        <<<grid, threads, 0, stream>>>(acc, max, sum, p.sinks, static_cast<__nv_bfloat16*>(p.out),
+                                       p.out_low, low_bf16, num_splits, threads);
   }
   return internal::CheckLaunch("PagedDecode split reduction");
 }
@@ -558,8 +558,8 @@ absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& p, int index,
   if (index == internal::kNumDecodeTilings) {
     if (!internal::PagedDecodeMmaSupports(p)) {
       return absl::UnimplementedError(
-          "PagedDecode candidate mma_t64_s3: head dim 128, F16 or BF16 K/V and query, at most 16 query "
-          "heads per KV head");
+          "PagedDecode candidate mma_t64_s3: head dim 128, F16 or BF16 K/V and query, at most 16 "
+          "query heads per KV head");
     }
     return p.num_seqs == 0 ? absl::OkStatus() : internal::LaunchPagedDecodeMma(p, stream);
   }

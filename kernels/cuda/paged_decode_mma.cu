@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
 
   // The query's A fragments for the 8 k-steps: a0 (head g, dims 2t, 2t+1), a1 (head g + 8),
   // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0.
-  const T* q = static_cast<const T*>(args.q) + seq * args.q_stride +
-                    static_cast<int64_t>(head0) * kHeadDim;
+  const T* q =
+      static_cast<const T*>(args.q) + seq * args.q_stride + static_cast<int64_t>(head0) * kHeadDim;
   uint32_t qa[kHeadDim / 16][4];
 #pragma unroll
   for (int s = 0; s < kHeadDim / 16; ++s) {
@@ -173,8 +173,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
       for (int e = 0; e < 4; ++e) {
         float score = s[j][e] * args.scale;
         if (args.softcap > 0.0f) score = args.softcap * tanhf(score / args.softcap);
-        const bool valid =
-            slot_ring[tile % (kStages + 1)][row0 + 8 * j + 2 * t + (e & 1)] >= 0;
+        const bool valid = slot_ring[tile % (kStages + 1)][row0 + 8 * j + 2 * t + (e & 1)] >= 0;
         s[j][e] = valid ? score : -INFINITY;
       }
     }
@@ -258,14 +257,13 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
   }
   __syncthreads();
   const internal::DecodeOutput output{
-      args.out,   args.partial_acc, args.partial_max, args.partial_sum, args.sinks,
-      kHeadDim,   split,            num_splits,       args.out_low,     args.out_low_bf16};
+      args.out, args.partial_acc, args.partial_max, args.partial_sum, args.sinks, kHeadDim,
+      split,    num_splits,       args.out_low,     args.out_low_bf16};
   for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
     const int h = i / kHeadDim, d = i % kHeadDim;
     internal::StoreDecodeElement<T, kWarps>(
-        &warp_max[0][h], &warp_sum[0][h], kMaxGroup, merge + h * kHeadDim + d,
-        kMaxGroup * kHeadDim, bad_table, output,
-        static_cast<int64_t>(seq) * args.num_heads + head0 + h, head0 + h, d);
+        &warp_max[0][h], &warp_sum[0][h], kMaxGroup, merge + h * kHeadDim + d, kMaxGroup * kHeadDim,
+        bad_table, output, static_cast<int64_t>(seq) * args.num_heads + head0 + h, head0 + h, d);
   }
 }
 

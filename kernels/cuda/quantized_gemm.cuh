@@ -548,10 +548,10 @@ struct Block {
       if constexpr (S::kGrouped) {
         const int local_group = (k_sub + 32 * r + 8 * t) / kGroup - step * S::kStepK / kGroup;
         const int tile = wn * S::kFragsN + f;
-        sw = *reinterpret_cast<const ScaleWords<kScales>*>(
-            stage + S::kWeightBytes + S::kActBytes +
-            (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
-            g * (S::kScaleGroupBytes / 8));
+        const uint8_t* at = stage + S::kWeightBytes + S::kActBytes +
+                            (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
+                            g * (S::kScaleGroupBytes / 8);
+        sw = *reinterpret_cast<const ScaleWords<kScales>*>(at);
       }
       return sw;
     };
@@ -561,14 +561,16 @@ struct Block {
     constexpr bool kOneGroup = !S::kGrouped || (kGroup >= 64 && S::kFragsN <= 2);
     ScaleWords<kScales> chunk_scales[S::kFragsN];
 #pragma unroll
-    for (int f = 0; f < S::kFragsN; ++f) chunk_scales[f] = kOneGroup ? scales_of(f, 0) : ScaleWords<kScales>{};
+    for (int f = 0; f < S::kFragsN; ++f) {
+      chunk_scales[f] = kOneGroup ? scales_of(f, 0) : ScaleWords<kScales>{};
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint32_t a[S::kFragsN][2][4];
 #pragma unroll
       for (int f = 0; f < S::kFragsN; ++f) {
-        DequantHalf<T, kInt4, kGroup, kScales>(words[f], half,
-                                               kOneGroup ? chunk_scales[f] : scales_of(f, half), a[f]);
+        DequantHalf<T, kInt4, kGroup, kScales>(
+            words[f], half, kOneGroup ? chunk_scales[f] : scales_of(f, half), a[f]);
       }
 #pragma unroll
       for (int tm = 0; tm < S::kTilesM; ++tm) {

@@ -111,9 +111,9 @@ absl::Status LaunchRopeWriteKv(const RopeWriteKvParams& p, cudaStream_t stream) 
   a.num_heads = static_cast<int>(p.num_heads);
   a.num_kv_heads = static_cast<int>(p.cache.num_kv_heads);
   a.head_dim = static_cast<int>(p.cache.head_dim);
-  a.qkv_stride = p.qkv_stride != 0 ? p.qkv_stride
-                                   : static_cast<int64_t>(a.num_heads + 2 * a.num_kv_heads) *
-                                         a.head_dim;
+  a.qkv_stride = p.qkv_stride != 0
+                     ? p.qkv_stride
+                     : static_cast<int64_t>(a.num_heads + 2 * a.num_kv_heads) * a.head_dim;
   a.q_out = p.q_out;
   a.k_cache = p.cache.k;
   a.v_cache = p.cache.v;
