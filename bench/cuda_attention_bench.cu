@@ -376,15 +376,19 @@ std::string SweepPrefill(cudaStream_t stream, double gemm_bf16) {
 }
 
 // --sweep: decode through every tiling of the tuning space (paged_attention_candidates.h;
-// index 0 is the dispatched one) at batch 1-128 x context 1k-16k, F16 and INT8 K/V; per row
-// the dispatched tiling against the fastest, K/V bytes per second over the copy bandwidth;
-// every timing into cuda_attention_sweep.json.
+// index 0 is the dispatched kernel) at batch 1-128 x context 1k-16k, F16, BF16 (the served
+// checkpoints' dtype: the dispatched kernel against the tensor-core member, the only others
+// that take it) and INT8 K/V; per row the dispatched tiling against the fastest, K/V bytes per
+// second over the copy bandwidth; every timing into cuda_attention_sweep.json.
 int Sweep(cudaStream_t stream, double copy, double gemm_bf16, const std::string& device) {
   std::printf("\nsweep: decode tilings (32/8 heads, d 128); dispatched against the fastest\n");
   std::printf("%5s %6s %8s | %9s %7s | %-12s %9s %7s %6s\n", "kv", "batch", "context",
               "t0 us", "/copy", "best", "us", "/copy", "x");
   std::string rows_json;
-  for (const bool int8 : {false, true}) {
+  for (const char* kv_name : {"f16", "bf16", "int8"}) {
+    const bool int8 = std::string_view(kv_name) == "int8";
+    // INT8 codes live in an F16 pool's bytes (below).
+    const DataType kv = std::string_view(kv_name) == "bf16" ? DataType::kBF16 : DataType::kF16;
     for (const int64_t batch : {1, 8, 32, 64, 128}) {
       for (const int64_t context : {1024, 4096, 16384}) {
         if (batch * context > 64 * 16384) continue;  // KV past 8 GiB: nothing new
@@ -408,7 +412,7 @@ int Sweep(cudaStream_t stream, double copy, double gemm_bf16, const std::string&
         std::vector<kernels::cuda::PagedDecodeParams> params;
         for (int i = 0; i < copies; ++i) {
           Pool& pool = pools[i];
-          kernels::cuda::KvCacheView view = pool.view(DataType::kF16);
+          kernels::cuda::KvCacheView view = pool.view(kv);
           if (int8) {
             view.num_blocks *= 2;  // blocks of one-byte codes
             view.quant = kernels::cuda::KvQuant::kInt8;
@@ -425,8 +429,8 @@ int Sweep(cudaStream_t stream, double copy, double gemm_bf16, const std::string&
             pool.indptr = Upload(indptr);
             pool.indices = Upload(ids);
           }
-          params.push_back(DecodeParams(pool, view, q, out,
-                                        int8 ? DataType::kF32 : DataType::kF16, batch, context));
+          params.push_back(
+              DecodeParams(pool, view, q, out, int8 ? DataType::kF32 : kv, batch, context));
         }
         DeviceBuffer workspace;
         if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(params[0]); bytes > 0) {
@@ -450,15 +454,17 @@ int Sweep(cudaStream_t stream, double copy, double gemm_bf16, const std::string&
         }
         const int best = static_cast<int>(std::min_element(seconds.begin(), seconds.end()) -
                                           seconds.begin());
-        std::printf("%5s %6ld %8ld | %9.1f %7.3f | %-12s %9.1f %7.3f %5.2fx\n",
-                    int8 ? "int8" : "f16", static_cast<long>(batch), static_cast<long>(context),
-                    seconds[0] * 1e6, kv_bytes / seconds[0] / copy,
+        std::printf("%5s %6ld %8ld | %9.1f %7.3f | %-12s %9.1f %7.3f %5.2fx\n", kv_name,
+                    static_cast<long>(batch), static_cast<long>(context), seconds[0] * 1e6,
+                    kv_bytes / seconds[0] / copy,
                     std::string(kernels::cuda::PagedDecodeCandidateName(best)).c_str(),
-                    seconds[best] * 1e6, kv_bytes / seconds[best] / copy, seconds[0] / seconds[best]);
+                    seconds[best] * 1e6, kv_bytes / seconds[best] / copy,
+                    seconds[0] / seconds[best]);
         std::fflush(stdout);
         if (!rows_json.empty()) rows_json += ",\n";
-        rows_json += absl::StrFormat("    {\"kv\": \"%s\", \"batch\": %d, \"context\": %d, \"us\": {",
-                                     int8 ? "int8" : "f16", batch, context);
+        rows_json +=
+            absl::StrFormat("    {\"kv\": \"%s\", \"batch\": %d, \"context\": %d, \"us\": {",
+                            kv_name, batch, context);
         for (size_t c = 0; c < seconds.size(); ++c) {
           const std::string name(kernels::cuda::PagedDecodeCandidateName(static_cast<int>(c)));
           rows_json += std::isinf(seconds[c])

@@ -144,6 +144,14 @@ __device__ __forceinline__ void CopyAsync16(void* shared, const void* global, in
                : "memory");
 }
 
+/// CopyAsync16 to a shared-space address (SharedAddress): zero-filled without reading `global`
+/// when `read` is false.
+__device__ __forceinline__ void CopyAsync16If(uint32_t shared, const void* global, bool read) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global),
+               "r"(read ? 16 : 0)
+               : "memory");
+}
+
 /// Closes this thread's group of cp.async copies (CopyAsyncWait counts groups).
 __device__ __forceinline__ void CopyAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

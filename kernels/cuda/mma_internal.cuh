@@ -15,18 +15,31 @@
 
 namespace loom::kernels::cuda::internal {
 
-__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* shared) {
+// The attention kernels' softmax runs in base 2: log2(e) folds into the scores' scale.
+inline constexpr float kLog2E = 1.4426950408889634f;
+
+// ldmatrix from a shared-space address (SharedAddress), or from a generic pointer into shared
+// memory.
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], uint32_t shared_address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(shared))
+               : "r"(shared_address)
+               : "memory");
+}
+
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* shared) {
+  LoadMatrixX4(r, SharedAddress(shared));
+}
+
+__device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], uint32_t shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address)
                : "memory");
 }
 
 __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const void* shared) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(shared))
-               : "memory");
+  LoadMatrixX4Trans(r, SharedAddress(shared));
 }
 
 // d += a * b for one m16n8k16 tile, F32 accumulation.

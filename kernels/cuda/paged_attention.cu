@@ -563,6 +563,8 @@ absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& p, int index,
     }
     return p.num_seqs == 0 ? absl::OkStatus() : internal::LaunchPagedDecodeMma(p, stream);
   }
+  // The dispatched kernel takes every cache LaunchPagedDecode takes (BF16 too).
+  if (index == 0) return LaunchPagedDecode(p, stream);
   const int group_tile = internal::DecodeHeadsPerBlock(p.num_heads / p.cache.num_kv_heads);
   const bool f16 = p.cache.quant == KvQuant::kNone && p.cache.dtype == DataType::kF16 &&
                    p.q_dtype == DataType::kF16;

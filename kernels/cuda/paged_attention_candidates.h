@@ -19,10 +19,11 @@ int PagedDecodeCandidateCount();
 /// "t<threads>_p<passes>_s<stages>"; index in [0, PagedDecodeCandidateCount()).
 std::string_view PagedDecodeCandidateName(int index);
 
-/// LaunchPagedDecode with tiling `index`. Only Llama-3-style shapes are compiled: head dim 128
-/// and 3 or more query heads per KV head, F16 K/V with an F16 query or INT8 K/V with an F32
-/// query (InvalidArgument otherwise). The workspace is sized by PagedDecodeWorkspaceBytes, as
-/// for LaunchPagedDecode.
+/// LaunchPagedDecode with tiling `index`: index 0 is LaunchPagedDecode itself (every cache it
+/// takes); the other tilings are compiled for Llama-3-style shapes only: head dim 128 and 3 or
+/// more query heads per KV head, F16 K/V with an F16 query or INT8 K/V with an F32 query
+/// (InvalidArgument otherwise); the tensor-core member takes F16 and BF16 (Unimplemented
+/// otherwise). The workspace is sized by PagedDecodeWorkspaceBytes, as for LaunchPagedDecode.
 absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& params, int index,
                                         cudaStream_t stream);
 

@@ -22,6 +22,14 @@
 // operand taken straight from the score accumulators (fragment layouts: prefill_attention.cu's
 // header). The P rounding puts outputs about 1e-3 (F16; BF16 about 4e-3) from the float
 // reference rather than 5e-5.
+//
+// Instructions per tile are what bounded the FMA kernel (about 14.6 per KV element and lane at
+// GQA 4: the issue rate, not DRAM), so this one spends few outside the MMAs: a tile row's cache
+// row (a 32-bit slot * KV heads) is resolved once, by one thread, whose block-table index
+// advances by a tile's worth per tile instead of dividing; a copy is a shared load, one address
+// product and the two cp.async of K and V; the softmax runs in base 2 (log2 e folded into the
+// scale, one ex2 per probability); the accumulators are rescaled only when some row's maximum
+// grew (exact: the factor is 1 otherwise), and only a tile that runs past the span's end masks.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -38,10 +46,9 @@
 namespace loom::kernels::cuda {
 namespace {
 
-using internal::CopyAsync16;
+using internal::CopyAsync16If;
 using internal::CopyAsyncCommit;
 using internal::CopyAsyncWait;
-using internal::ExpFrom;
 using internal::LoadMatrixX4;
 using internal::LoadMatrixX4Trans;
 using internal::Mma;
@@ -53,6 +60,9 @@ constexpr int kHeadDim = 128;
 constexpr int kMaxGroup = 16;                          // query heads: the rows of one m16 tile
 constexpr int kTile = 16 * kWarps;                     // tokens per tile, 16 per warp
 constexpr int kStages = 3;                             // >= 3: tile t + 2 loads while t computes
+constexpr int kSlotRing = 4;                           // >= kStages + 1, a power of two
+static_assert(kSlotRing >= kStages + 1 && (kSlotRing & (kSlotRing - 1)) == 0);
+constexpr uint32_t kNoRow = 0xffffffffu;               // a tile row past the span's end
 constexpr int kChunks = kHeadDim * 2 / 16;             // 16-byte chunks per K or V row
 constexpr int kTileBytes = kTile * kHeadDim * 2;       // 16 KiB
 constexpr int kStageBytes = 2 * kTileBytes;            // K, then V
@@ -67,13 +77,22 @@ __device__ __forceinline__ int Swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 16;
 }
 
+// 2^x (PTX ex2.approx: 2 ulp, 2^-inf = 0): the softmax runs in base 2 with log2(e) folded into
+// the score's scale, one MUFU per probability.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::DecodeArgs args) {
   extern __shared__ __align__(16) uint8_t ring[];
-  // Each tile's slots (-1: none), resolved through the block table once per row, a tile ahead of
-  // its copies: one entry more than the ring, so that a tile's entry is written while the tile
-  // before it is issued and the one before that computed (it reads its entry for the mask).
-  __shared__ int64_t slot_ring[kStages + 1][kTile];
+  // Each tile's rows as slot * num_kv_heads (the cache row of the slot's first KV head; kNoRow:
+  // none), resolved through the block table once per row, a tile ahead of their copies:
+  // kSlotRing >= kStages + 1 entries, so that a tile's entry is written while the tile before
+  // it is issued.
+  __shared__ uint32_t slot_ring[kSlotRing][kTile];
   __shared__ float warp_max[kWarps][kMaxGroup], warp_sum[kWarps][kMaxGroup];
 
   const int seq = blockIdx.z, split = blockIdx.x, num_splits = gridDim.x;
@@ -81,8 +100,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
   const internal::DecodeSpan span = internal::DecodeSpanOf(args, seq, split, num_splits, kTile);
-  const int begin = span.begin, end = span.end, num_tiles = span.num_tiles;
-  const int table_begin = span.table_begin, table_len = span.table_len;
+  const int begin = span.begin, num_tiles = span.num_tiles, length = span.end - span.begin;
 
   // The query's A fragments for the 8 k-steps: a0 (head g, dims 2t, 2t+1), a1 (head g + 8),
   // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0.
@@ -100,48 +118,66 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     }
   }
 
-  // ---- the slots: thread `row` < kTile resolves row `row` of a tile (one division and one
-  // block-table load per row, not per 16-byte chunk).
+  // ---- the rows: thread `row` < kTile resolves row `row` of each tile in turn. Its position's
+  // block-table index and offset start with one division and then advance by kTile per tile.
   bool bad = false;  // a table the host failed to validate
+  int index = 0, offset = 0, step_blocks = 0, step_offset = 0;
+  if (threadIdx.x < kTile) {
+    index = (begin + threadIdx.x) / args.block_size;
+    offset = begin + threadIdx.x - index * args.block_size;
+    step_blocks = kTile / args.block_size;
+    step_offset = kTile - step_blocks * args.block_size;
+  }
   auto resolve = [&](int tile) {
     if (tile >= num_tiles || threadIdx.x >= kTile) return;
-    const int row = threadIdx.x;
-    const int position = begin + tile * kTile + row;
-    int64_t slot = -1;
-    if (position < end) {
-      const int index = position / args.block_size;
-      const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
+    uint32_t row = kNoRow;
+    if (tile * kTile + static_cast<int>(threadIdx.x) < length) {
+      const int block = index < span.table_len ? args.block_indices[span.table_begin + index] : -1;
       if (block >= 0 && block < args.num_blocks) {
-        slot = static_cast<int64_t>(block) * args.block_size + (position - index * args.block_size);
+        // < kNoRow: the pool's rows are counted in 32 bits (PagedDecodeMmaSupports).
+        row = (static_cast<uint32_t>(block) * args.block_size + offset) * args.num_kv_heads;
       } else {
         bad = true;
       }
     }
-    slot_ring[tile % (kStages + 1)][row] = slot;
+    slot_ring[tile % kSlotRing][threadIdx.x] = row;
+    index += step_blocks;
+    offset += step_offset;
+    if (offset >= args.block_size) {
+      offset -= args.block_size;
+      ++index;
+    }
   };
-  // ---- the ring: thread i copies column i % 16 of rows i / 16 + 8 j of each tile, from the
-  // slots resolved a tile earlier.
-  const int column = threadIdx.x % kChunks;
+  // ---- the ring: thread i copies column i % 16 of rows i / 16 + 8 j of each tile (the same
+  // swizzle for every j: row + 8 j keeps row & 7), from the rows resolved a tile earlier.
+  const uint32_t ring_at = internal::SharedAddress(ring);
+  const int copy_row = threadIdx.x / kChunks, column = threadIdx.x % kChunks;
+  const uint32_t copy_at = ring_at + Swizzled(copy_row, column);
+  const uint8_t* k_source =
+      static_cast<const uint8_t*>(args.k_cache) + kv_head * (kHeadDim * 2) + column * 16;
+  const uint8_t* v_source =
+      static_cast<const uint8_t*>(args.v_cache) + kv_head * (kHeadDim * 2) + column * 16;
   auto issue = [&](int tile) {
     if (tile < num_tiles) {
-      uint8_t* k_stage = ring + (tile % kStages) * kStageBytes;
-      const int64_t* slots = slot_ring[tile % (kStages + 1)];
+      const uint32_t k_stage = copy_at + (tile % kStages) * kStageBytes;
+      const uint32_t* rows = slot_ring[tile % kSlotRing] + copy_row;
 #pragma unroll
       for (int i = 0; i < kTile * kChunks / kThreads; ++i) {
-        const int row = (i * kThreads + threadIdx.x) / kChunks;
-        const int64_t slot = slots[row];
-        const int64_t at =
-            slot >= 0 ? (slot * args.num_kv_heads + kv_head) * (kHeadDim * 2) + column * 16 : 0;
-        CopyAsync16(k_stage + Swizzled(row, column), static_cast<const uint8_t*>(args.k_cache) + at,
-                    slot >= 0 ? 16 : 0);
-        CopyAsync16(k_stage + kTileBytes + Swizzled(row, column),
-                    static_cast<const uint8_t*>(args.v_cache) + at, slot >= 0 ? 16 : 0);
+        constexpr int kRowsApart = kThreads / kChunks;  // a thread's rows, 8 apart
+        const uint32_t row = rows[i * kRowsApart];
+        const bool read = row != kNoRow;
+        const uint32_t from = read ? row : 0u;
+        const uint32_t to = k_stage + i * kRowsApart * kChunks * 16;
+        CopyAsync16If(to, k_source + static_cast<uint64_t>(from) * (kHeadDim * 2), read);
+        CopyAsync16If(to + kTileBytes, v_source + static_cast<uint64_t>(from) * (kHeadDim * 2),
+                      read);
       }
     }
     CopyAsyncCommit();  // an empty group past the last tile keeps the wait counts uniform
   };
 
-  // ---- this warp's online softmax: rows g (h = 0) and g + 8 (h = 1).
+  // ---- this warp's online softmax in base 2: rows g (h = 0) and g + 8 (h = 1).
+  const float scale_log2 = args.scale * internal::kLog2E;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // this lane's tokens only, until the end
   float o[kHeadDim / 8][4];          // o[d]: (row g, dims 8d + 2t, +1), then row g + 8
@@ -150,72 +186,103 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
   }
-  const int m = lane / 8, r = lane % 8;  // the ldmatrix matrix and row this lane addresses
+  // The ldmatrix rows this lane addresses: matrix m = lane / 8, row r = lane % 8. Chunk c ^ r of
+  // a row is at Swizzled(row, c & 1) ^ ((c & ~1) * 16), for K (k-step ks: c = 2 ks + (m & 1)) and
+  // V (dims 8 d..: c = d + (m >> 1), d even).
+  const int m = lane / 8, r = lane % 8;
+  const int k_at = Swizzled(warp * 16 + (m >> 1) * 8 + r, m & 1);
+  const int v_at = kTileBytes + Swizzled(warp * 16 + (m & 1) * 8 + r, m >> 1);
   auto compute = [&](int tile) {
-    const int stage = tile % kStages;
-    const uint8_t* k_tile = ring + stage * kStageBytes;
-    const uint8_t* v_tile = k_tile + kTileBytes;
-    const int row0 = warp * 16;  // this warp's tokens of the tile
-    // S = Q K^T: n-tile j holds tokens row0 + 8 j .. + 7. Matrices: 0 (tokens row0.., dims
-    // 16 ks..), 1 (tokens row0.., dims 16 ks + 8..), 2 and 3 the same for tokens row0 + 8..
+    const uint32_t stage = ring_at + (tile % kStages) * kStageBytes;
+    // S = Q K^T: n-tile j holds this warp's tokens 8 j .. 8 j + 7. Matrices: 0 (tokens 0.., dims
+    // 16 ks..), 1 (tokens 0.., dims 16 ks + 8..), 2 and 3 the same for tokens 8..
     float s[2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t b[4];
-      LoadMatrixX4(b, k_tile + Swizzled(row0 + (m >> 1) * 8 + r, 2 * ks + (m & 1)));
+      LoadMatrixX4(b, stage + (k_at ^ (ks * 32)));
       Mma<T>(s[0], qa[ks], b[0], b[1]);
       Mma<T>(s[1], qa[ks], b[2], b[3]);
     }
-    // Scale, soft-cap, mask: s[j][e] is (row g + (e >> 1) * 8, token row0 + 8 j + 2 t + (e & 1)).
+    // Scale (base 2), soft-cap, mask: s[j][e] is (row g + (e >> 1) * 8, token 8 j + 2 t + (e & 1)
+    // of this warp's 16). Only a tile running past the span's end masks.
+    if (args.softcap > 0.0f) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float score = s[j][e] * args.scale;
-        if (args.softcap > 0.0f) score = args.softcap * tanhf(score / args.softcap);
-        const bool valid = slot_ring[tile % (kStages + 1)][row0 + 8 * j + 2 * t + (e & 1)] >= 0;
-        s[j][e] = valid ? score : -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = args.softcap * internal::kLog2E * tanhf(s[j][e] * args.scale / args.softcap);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
       }
     }
-    // One rescale per tile; the row's max over the 4 lanes that hold its 16 tokens.
+    const int valid = length - tile * kTile - warp * 16;  // this warp's tokens in the span
+    if (valid < 16) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (8 * j + 2 * t + (e & 1) >= valid) s[j][e] = -INFINITY;
+        }
+      }
+    }
+    // The rows' maxima over the 4 lanes that hold their 16 tokens. The accumulators are
+    // rescaled only when a row's maximum grew (exact: otherwise the factor is 1), which after
+    // the first tiles is rare.
+    float new_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float tile_max = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[h], tile_max);
-      const float alpha = ExpFrom(row_max[h], new_max);
-      row_max[h] = new_max;
-      row_sum[h] *= alpha;
+      new_max[h] = fmaxf(row_max[h], tile_max);
+    }
+    if (__any_sync(0xffffffffu, new_max[0] > row_max[0] || new_max[1] > row_max[1])) {
 #pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d) {
-        o[d][2 * h] *= alpha;
-        o[d][2 * h + 1] *= alpha;
+      for (int h = 0; h < 2; ++h) {
+        // 0 while nothing was attended (row_max -inf); new_max -inf too subtracts 0.
+        const float alpha = Exp2(row_max[h] - (new_max[h] == -INFINITY ? 0.0f : new_max[h]));
+        row_max[h] = new_max[h];
+        row_sum[h] *= alpha;
+#pragma unroll
+        for (int d = 0; d < kHeadDim / 8; ++d) {
+          o[d][2 * h] *= alpha;
+          o[d][2 * h + 1] *= alpha;
+        }
       }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float base = row_max[h] == -INFINITY ? 0.0f : row_max[h];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[j][e] = ExpFrom(s[j][e], new_max);
+          s[j][e] = Exp2(s[j][e] - base);
           row_sum[h] += s[j][e];
         }
       }
     }
     // O += P V: P's A fragment is the score accumulators (n-tile 0: tokens 2t, 2t+1; n-tile
-    // 1: 2t + 8, 2t + 9). V's matrices (.trans): 0 (tokens row0.., dims 8 d..), 1 (tokens
-    // row0 + 8.., dims 8 d..), 2 and 3 the same for dims 8 (d + 1)..
+    // 1: 2t + 8, 2t + 9). V's matrices (.trans): 0 (tokens 0.., dims 8 d..), 1 (tokens 8..,
+    // dims 8 d..), 2 and 3 the same for dims 8 (d + 1)..
     const uint32_t pa[4] = {PackPair<T>(s[0][0], s[0][1]), PackPair<T>(s[0][2], s[0][3]),
                             PackPair<T>(s[1][0], s[1][1]), PackPair<T>(s[1][2], s[1][3])};
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; d += 2) {
       uint32_t b[4];
-      LoadMatrixX4Trans(b, v_tile + Swizzled(row0 + (m & 1) * 8 + r, d + (m >> 1)));
+      LoadMatrixX4Trans(b, stage + (v_at ^ (d * 16)));
       Mma<T>(o[d], pa, b[0], b[1]);
       Mma<T>(o[d + 1], pa, b[2], b[3]);
     }
   };
 
-  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed, their slots
+  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed, their rows
   // resolved one tile further ahead (published by each iteration's barrier).
 #pragma unroll
   for (int tile = 0; tile < kStages; ++tile) resolve(tile);
@@ -224,8 +291,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
   for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
   for (int tile = 0; tile < num_tiles; ++tile) {
     CopyAsyncWait<kStages - 2>();  // this thread's copies of `tile` landed
-    // Everyone's have; everyone finished tile - 1 (its stage and its slots' entry are free), and
-    // the slots of tile + kStages - 1 are visible.
+    // Everyone's have; everyone finished tile - 1 (its stage and its rows' entry are free), and
+    // the rows of tile + kStages - 1 are visible.
     __syncthreads();
     issue(tile + kStages - 1);
     resolve(tile + kStages);
@@ -233,7 +300,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
   }
   CopyAsyncWait<0>();
 
-  // ---- merge: the row sums over their 4 lanes, then the warps through shared memory.
+  // ---- merge: the row sums over their 4 lanes, then the warps through shared memory (the
+  // maxima back in base e, which StoreDecodeElement and the split reduction take).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
@@ -250,9 +318,9 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
     }
   }
   if (t == 0) {
-    warp_max[warp][g] = row_max[0];
+    warp_max[warp][g] = row_max[0] / internal::kLog2E;
     warp_sum[warp][g] = row_sum[0];
-    warp_max[warp][g + 8] = row_max[1];
+    warp_max[warp][g + 8] = row_max[1] / internal::kLog2E;
     warp_sum[warp][g + 8] = row_sum[1];
   }
   __syncthreads();
@@ -288,7 +356,9 @@ absl::StatusOr<int> ResidentBlocksPerSm() {
 }  // namespace
 
 bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
-  return p.cache.head_dim == kHeadDim && p.cache.quant == KvQuant::kNone &&
+  const int64_t rows = p.cache.num_blocks * p.cache.block_size * p.cache.num_kv_heads;
+  return rows < int64_t{kNoRow} && p.cache.head_dim == kHeadDim &&
+         p.cache.quant == KvQuant::kNone &&
          (p.cache.dtype == DataType::kF16 || p.cache.dtype == DataType::kBF16) &&
          p.q_dtype == p.cache.dtype && p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
 }

@@ -72,7 +72,6 @@ using internal::Mma;
 using internal::PackPair;
 using internal::RoundThrough;
 
-inline constexpr float kLog2E = 1.4426950408889634f;  // the softmax runs in base 2
 // The most blocks per (KV head, sequence) along the query tiles; more tiles loop.
 inline constexpr int64_t kMaxTileBlocks = 1 << 20;
 

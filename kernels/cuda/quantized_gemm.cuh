@@ -424,64 +424,111 @@ struct Block {
   using S = Shape<kInt4, kGroup, kScales, kConfig>;
   using Acc = float[S::kFragsN][S::kTilesM][4];
 
-  // Issues the cp.async copies of block step `step` into stage `stage`.
-  // Calls body(i) for each of the kCount 16-byte units this thread copies (i = threadIdx.x + j
-  // kThreads), j unrolled: the trip count is known, so each unit's index arithmetic depends on the
-  // thread alone and is computed once for the whole main loop, not every step.
+  // Calls body(j, i) for each of the kCount 16-byte units this thread copies (i = threadIdx.x +
+  // j kThreads), j unrolled.
   template <int kCount, typename Body>
   static __device__ __forceinline__ void ForEachUnit(Body&& body) {
 #pragma unroll
     for (int j = 0; j < (kCount + S::kThreads - 1) / S::kThreads; ++j) {
       const int i = static_cast<int>(threadIdx.x) + j * S::kThreads;
-      if (kCount % S::kThreads == 0 || i < kCount) body(i);
+      if (kCount % S::kThreads == 0 || i < kCount) body(j, i);
     }
   }
 
-  static __device__ __forceinline__ void LoadStage(const Args& args, uint8_t* stage, int step,
-                                                   int row_tile0, int m0) {
+  // A stage's 16-byte units: the weights (per row tile, kWarpsK consecutive 64-column chunks,
+  // contiguous in global), the activations [kBlockM, kStepK] (swizzled) and, grouped, the
+  // scale/min words of the step's groups (per row tile, contiguous from the step's first).
+  static constexpr int kUnitsPerChunk = S::kChunkBytes / 16;
+  static constexpr int kUnitsPerRowTile = S::kWarpsK * kUnitsPerChunk;
+  static constexpr int kWeightUnits = S::kRowTiles * kUnitsPerRowTile;
+  static constexpr int kActUnits = S::kBlockM * S::kUnitsPerRow;
+  static constexpr int kUnitsPerGroup = S::kScaleGroupBytes / 16;
+  static constexpr int kScaleUnitsPerTile = S::kScaleGroups * kUnitsPerGroup;
+  static constexpr int kScaleUnits = S::kGrouped ? S::kRowTiles * kScaleUnitsPerTile : 0;
+  template <int kCount>
+  static constexpr int kPerThread = (kCount + S::kThreads - 1) / S::kThreads;
+
+  // This thread's cp.async sources, worked out once per block: each unit's source at the next
+  // step to load (advanced one block step per LoadStage, so a step adds a constant to each
+  // pointer instead of redoing the index arithmetic: instructions, not bytes, bound these
+  // kernels at small m) and the step coordinate (chunk, column, group) from which it is
+  // zero-filled (rows past m, row tiles past n, the end of K).
+  struct Loader {
+    const uint8_t* weight[kPerThread<kWeightUnits>];
+    int weight_end[kPerThread<kWeightUnits>];  // first chunk0 the unit is past k (or its tile n)
+    const uint8_t* act[kPerThread<kActUnits>];
+    int act_end[kPerThread<kActUnits>];  // first step column the unit is past k (or its row m)
+    const uint8_t* scale[kPerThread<kScaleUnits> > 0 ? kPerThread<kScaleUnits> : 1];
+    int scale_end[kPerThread<kScaleUnits> > 0 ? kPerThread<kScaleUnits> : 1];
+  };
+
+  static __device__ __forceinline__ Loader MakeLoader(const Args& args, int step, int row_tile0,
+                                                      int m0) {
+    Loader l;
     const int num_row_tiles = args.n / 16;
     const int k_chunks = args.k / 64;
-    const int chunk0 = step * S::kWarpsK;
-    // Weights: per row tile, kWarpsK consecutive 64-column chunks (contiguous in global); the
-    // step moves every unit by the same chunks.
-    constexpr int kUnitsPerRowTile = S::kWarpsK * S::kChunkBytes / 16;
-    constexpr int kUnitsPerChunk = S::kChunkBytes / 16;
-    const uint8_t* step_weight = args.weight + static_cast<int64_t>(chunk0) * S::kChunkBytes;
-    ForEachUnit<S::kRowTiles * kUnitsPerRowTile>([&](int i) {
+    const int64_t chunk0 = static_cast<int64_t>(step) * S::kWarpsK;
+    ForEachUnit<kWeightUnits>([&](int j, int i) {
       const int tile = i / kUnitsPerRowTile, within = i % kUnitsPerRowTile;
-      const bool valid =
-          row_tile0 + tile < num_row_tiles && chunk0 + within / kUnitsPerChunk < k_chunks;
-      const int64_t offset =
-          static_cast<int64_t>(row_tile0 + tile) * k_chunks * S::kChunkBytes + within * 16;
-      CpAsync16(stage + i * 16, valid ? step_weight + offset : args.weight, valid);
+      l.weight[j] = args.weight +
+                    (static_cast<int64_t>(row_tile0 + tile) * k_chunks + chunk0) * S::kChunkBytes +
+                    within * 16;
+      l.weight_end[j] = row_tile0 + tile < num_row_tiles ? k_chunks - within / kUnitsPerChunk : 0;
     });
-    // Activations: [kBlockM, kStepK], swizzled.
     const T* x = static_cast<const T*>(args.x);
-    const T* step_x = x + step * S::kStepK;
-    uint8_t* act = stage + S::kWeightBytes;
-    ForEachUnit<S::kBlockM * S::kUnitsPerRow>([&](int i) {
+    ForEachUnit<kActUnits>([&](int j, int i) {
       const int row = i / S::kUnitsPerRow, unit = i % S::kUnitsPerRow;
       const int m = m0 + row;
-      const bool valid = m < args.m && step * S::kStepK + unit * 8 < args.k;
-      const int64_t offset = static_cast<int64_t>(m) * args.k + unit * 8;
-      CpAsync16(act + ActOffset<S::kUnitsPerRow>(row, unit), valid ? step_x + offset : x, valid);
+      l.act[j] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(m) * args.k +
+                                                  static_cast<int64_t>(step) * S::kStepK +
+                                                  unit * 8);
+      l.act_end[j] = m < args.m ? args.k - unit * 8 : 0;
     });
     if constexpr (S::kGrouped) {
-      // Scale/min: per row tile, the kScaleGroups groups from the step's first (contiguous).
       const int num_groups = args.k / kGroup;
-      const int group0 = step * S::kStepK / kGroup;
-      const uint8_t* scales = static_cast<const uint8_t*>(args.scales);
-      const uint8_t* step_scales = scales + static_cast<int64_t>(group0) * S::kScaleGroupBytes;
+      const int64_t group0 = static_cast<int64_t>(step) * S::kStepK / kGroup;
+      ForEachUnit<kScaleUnits>([&](int j, int i) {
+        const int tile = i / kScaleUnitsPerTile, within = i % kScaleUnitsPerTile;
+        l.scale[j] =
+            static_cast<const uint8_t*>(args.scales) +
+            (static_cast<int64_t>(row_tile0 + tile) * num_groups + group0) * S::kScaleGroupBytes +
+            within * 16;
+        l.scale_end[j] =
+            row_tile0 + tile < num_row_tiles ? num_groups - within / kUnitsPerGroup : 0;
+      });
+    }
+    return l;
+  }
+
+  // Issues the cp.async copies of block step `step` into stage `stage` from `l`, which holds
+  // that step's sources, then moves `l` to step + 1.
+  static __device__ __forceinline__ void LoadStage(const Args& args, Loader& l, uint8_t* stage,
+                                                   int step) {
+    const int chunk0 = step * S::kWarpsK;
+    ForEachUnit<kWeightUnits>([&](int j, int i) {
+      const bool valid = chunk0 < l.weight_end[j];
+      CpAsync16(stage + i * 16, valid ? l.weight[j] : args.weight, valid);
+      l.weight[j] += S::kWarpsK * S::kChunkBytes;
+    });
+    const int column0 = step * S::kStepK;
+    uint8_t* act = stage + S::kWeightBytes;
+    ForEachUnit<kActUnits>([&](int j, int i) {
+      const bool valid = column0 < l.act_end[j];
+      CpAsync16(act + ActOffset<S::kUnitsPerRow>(i / S::kUnitsPerRow, i % S::kUnitsPerRow),
+                valid ? l.act[j] : static_cast<const uint8_t*>(args.x), valid);
+      l.act[j] += S::kStepK * 2;
+    });
+    if constexpr (S::kGrouped) {
+      // A step holds whole groups (kScaleGroups of them) or lies inside one: the next step's
+      // first group is kStepK / kGroup further, or the same until the group ends.
+      const int group0 = column0 / kGroup;
+      const int next_group0 = (column0 + S::kStepK) / kGroup;
       uint8_t* scale_stage = stage + S::kWeightBytes + S::kActBytes;
-      constexpr int kUnitsPerGroup = S::kScaleGroupBytes / 16;
-      constexpr int kUnitsPerTile = S::kScaleGroups * kUnitsPerGroup;
-      ForEachUnit<S::kRowTiles * kUnitsPerTile>([&](int i) {
-        const int tile = i / kUnitsPerTile, within = i % kUnitsPerTile;
-        const bool valid =
-            row_tile0 + tile < num_row_tiles && group0 + within / kUnitsPerGroup < num_groups;
-        const int64_t offset =
-            static_cast<int64_t>(row_tile0 + tile) * num_groups * S::kScaleGroupBytes + within * 16;
-        CpAsync16(scale_stage + i * 16, valid ? step_scales + offset : scales, valid);
+      ForEachUnit<kScaleUnits>([&](int j, int i) {
+        const bool valid = group0 < l.scale_end[j];
+        CpAsync16(scale_stage + i * 16,
+                  valid ? l.scale[j] : static_cast<const uint8_t*>(args.scales), valid);
+        l.scale[j] += (next_group0 - group0) * S::kScaleGroupBytes;
       });
     }
   }
@@ -518,20 +565,49 @@ struct Block {
     }
   }
 
+  // Where this lane's operands lie in a stage (byte offsets, the same every step, worked out
+  // once per thread): fragment f's weight words at weights + f kWarpsK kChunkBytes (+ part 512),
+  // M-tile tm's activations of half h at act[h] + tm 8 kUnitsPerRow 16, and fragment f's scale
+  // words for the group of half r at scales[r] + f kScaleGroups kScaleGroupBytes.
+  struct Operands {
+    int weights;
+    int act[2];
+    int scales[2];
+  };
+
+  static __device__ __forceinline__ Operands OperandsOf(int wn, int wm, int wk) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    Operands o;
+    o.weights = (wn * S::kFragsN * S::kWarpsK + wk) * S::kChunkBytes + lane * 16;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Rows (wm kTilesM + tm) 8 + g: the swizzle's row parity is g's.
+      o.act[h] = S::kWeightBytes +
+                 ActOffset<S::kUnitsPerRow>(wm * S::kTilesM * 8 + g, 8 * wk + 4 * h + t);
+      // The group of this lane's 8 input features of half h, counted from the step's first: a
+      // step holds whole groups, or lies inside one (then 0).
+      const int local_group = S::kStepK >= kGroup && S::kGrouped ? (64 * wk + 32 * h + 8 * t) /
+                                                                       (kGroup > 0 ? kGroup : 1)
+                                                                 : 0;
+      o.scales[h] = S::kWeightBytes + S::kActBytes +
+                    (wn * S::kFragsN * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
+                    g * (S::kScaleGroupBytes / 8);
+    }
+    return o;
+  }
+
   // This warp's mma work on stage `stage` (block step `step`).
   static __device__ __forceinline__ void ComputeStage(const Args& args, const uint8_t* stage,
-                                                      int step, int wn, int wm, int wk,
+                                                      int step, int wk, const Operands& operands,
                                                       const bool (&frag_valid)[S::kFragsN],
                                                       Acc& acc) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int k_sub = step * S::kStepK + 64 * wk;         // this warp's 64 input features
     if (k_sub >= args.k) return;                          // the last step may be partial
     constexpr int kWordsPerChunk = S::kChunkBytes / 128;  // 32-bit words per lane
     uint32_t words[S::kFragsN][kWordsPerChunk];
 #pragma unroll
     for (int f = 0; f < S::kFragsN; ++f) {
-      const uint8_t* base =
-          stage + ((wn * S::kFragsN + f) * S::kWarpsK + wk) * S::kChunkBytes + lane * 16;
+      const uint8_t* base = stage + operands.weights + f * S::kWarpsK * S::kChunkBytes;
 #pragma unroll
       for (int part = 0; part < kWordsPerChunk / 4; ++part) {
         const uint4 raw = *reinterpret_cast<const uint4*>(base + part * 512);
@@ -541,17 +617,12 @@ struct Block {
         words[f][4 * part + 3] = raw.w;
       }
     }
-    const uint8_t* act = stage + S::kWeightBytes;
     // This lane's rows' scales (and mins) of the group its 8 input features of half `r` lie in.
     auto scales_of = [&](int f, int r) {
       ScaleWords<kScales> sw{};
       if constexpr (S::kGrouped) {
-        const int local_group = (k_sub + 32 * r + 8 * t) / kGroup - step * S::kStepK / kGroup;
-        const int tile = wn * S::kFragsN + f;
-        const uint8_t* at = stage + S::kWeightBytes + S::kActBytes +
-                            (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
-                            g * (S::kScaleGroupBytes / 8);
-        sw = *reinterpret_cast<const ScaleWords<kScales>*>(at);
+        sw = *reinterpret_cast<const ScaleWords<kScales>*>(
+            stage + operands.scales[r] + f * S::kScaleGroups * S::kScaleGroupBytes);
       }
       return sw;
     };
@@ -574,10 +645,8 @@ struct Block {
       }
 #pragma unroll
       for (int tm = 0; tm < S::kTilesM; ++tm) {
-        const int row = (wm * S::kTilesM + tm) * 8 + g;
-        const int unit = 8 * wk + 4 * half + t;
-        const uint4 b =
-            *reinterpret_cast<const uint4*>(act + ActOffset<S::kUnitsPerRow>(row, unit));
+        const uint4 b = *reinterpret_cast<const uint4*>(stage + operands.act[half] +
+                                                        tm * 8 * S::kUnitsPerRow * 16);
 #pragma unroll
         for (int f = 0; f < S::kFragsN; ++f) {
           if (!frag_valid[f]) continue;
@@ -715,8 +784,10 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kScales, kConfig>::kThrea
     // Prologue: the first kStages - 1 steps in flight (one commit group per step, empty groups past
     // the end so that wait_group counts stay uniform).
 #pragma unroll
+    typename B::Loader loader = B::MakeLoader(args, step_begin, row_tile0, m0);
+    const typename B::Operands operands = B::OperandsOf(wn, wm, wk);
     for (int s = 0; s < S::kStages - 1; ++s) {
-      if (s < num_steps) B::LoadStage(args, smem + s * S::kStageBytes, step_begin + s, row_tile0, m0);
+      if (s < num_steps) B::LoadStage(args, loader, smem + s * S::kStageBytes, step_begin + s);
       CopyAsyncCommit();
     }
     for (int s = 0; s < num_steps; ++s) {
@@ -727,11 +798,10 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kScales, kConfig>::kThrea
       __syncthreads();
       const int next = s + S::kStages - 1;
       if (next < num_steps) {
-        B::LoadStage(args, smem + (next % S::kStages) * S::kStageBytes, step_begin + next, row_tile0,
-                     m0);
+        B::LoadStage(args, loader, smem + (next % S::kStages) * S::kStageBytes, step_begin + next);
       }
       CopyAsyncCommit();
-      B::ComputeStage(args, smem + (s % S::kStages) * S::kStageBytes, step_begin + s, wn, wm, wk,
+      B::ComputeStage(args, smem + (s % S::kStages) * S::kStageBytes, step_begin + s, wk, operands,
                       frag_valid, acc);
     }
     CopyAsyncWait<0>();

@@ -651,10 +651,11 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
 
 // Every member of the tuning space (paged_attention_candidates.h) against the reference, F16
 // and INT8 caches where it takes them: contexts shorter than one tile, crossing tiles and
-// blocks, forced splits with empty partitions, the heuristic's splits, group tiles 4 and 8,
-// a window and soft-capping. The tensor-core member rounds P to the K/V type: 2e-3 in F16 and
-// 1e-2 in BF16 (its 8-bit mantissa) instead of 5e-5 (a misplaced fragment moves outputs by
-// tenths); it runs BF16 caches too.
+// blocks (of 16, 8 and 24 tokens: 24 does not divide a 64-token tile, so a tile's rows change
+// block mid-tile at a moving offset), forced splits with empty partitions, the heuristic's
+// splits, group tiles 4 and 8, a window and soft-capping. The tensor-core member rounds P to the
+// K/V type: 2e-3 in F16 and 1e-2 in BF16 (its 8-bit mantissa) instead of 5e-5 (a misplaced fragment
+// moves outputs by tenths); it runs BF16 caches too.
 TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 1300;
@@ -664,7 +665,8 @@ TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
     for (DecodeCase c : std::vector<DecodeCase>{{8, 4, 128, 16, {1, 17, 129, 1000}, 0},
                                                 {2, 4, 128, 16, {3, 2100}, 16},
                                                 {1, 8, 128, 16, {700, 3}, 3},
-                                                {2, 6, 128, 8, {65, 640}, 2}}) {
+                                                {2, 6, 128, 8, {65, 640}, 2},
+                                                {2, 4, 128, 24, {100, 777}, 0}}) {
       c.candidate = index;
       c.abs_tolerance = mma ? 2e-3 : 5e-5;
       RunDecodeCase(c, DataType::kF16, DataType::kF16, seed += 7);
