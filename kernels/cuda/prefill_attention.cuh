@@ -413,7 +413,13 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         }
       }
 
-      // Online softmax per row; a row's kBlockN scores sit in the 4 lanes sharing g.
+      // Online softmax per row; a row's kBlockN scores sit in the 4 lanes sharing g. The
+      // accumulators are rescaled only when some row of the warp has a new maximum: otherwise
+      // every factor is exp2(0) = 1 (or a row with nothing unmasked yet: its sums are 0), so
+      // skipping the multiplications changes no bit, and after the first tiles a new maximum
+      // is rare.
+      float new_max[kM][2];
+      bool grew = false;
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
 #pragma unroll
@@ -425,17 +431,34 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
           }
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float new_max = fmaxf(row_max[m][h], tile_max);
-          // A row with nothing unmasked yet keeps max -inf: subtract 0 (exp2(-inf) = 0).
-          const float base = new_max == -INFINITY ? 0.0f : new_max;
-          const float alpha = exp2f(row_max[m][h] - base);  // 0 while row_max is -inf
-          row_max[m][h] = new_max;
-          row_sum[m][h] *= alpha;
+          new_max[m][h] = fmaxf(row_max[m][h], tile_max);
+          grew = grew || new_max[m][h] > row_max[m][h];
+        }
+      }
+      if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-          for (int d = 0; d < kDTiles; ++d) {
-            o[m][d][2 * h] *= alpha;
-            o[m][d][2 * h + 1] *= alpha;
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            // A row with nothing unmasked yet keeps max -inf: subtract 0 (exp2(-inf) = 0).
+            const float base = new_max[m][h] == -INFINITY ? 0.0f : new_max[m][h];
+            const float alpha = exp2f(row_max[m][h] - base);  // 0 while row_max is -inf
+            row_max[m][h] = new_max[m][h];
+            row_sum[m][h] *= alpha;
+#pragma unroll
+            for (int d = 0; d < kDTiles; ++d) {
+              o[m][d][2 * h] *= alpha;
+              o[m][d][2 * h + 1] *= alpha;
+            }
           }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // A row with nothing unmasked yet keeps max -inf: subtract 0 (exp2(-inf) = 0).
+          const float base = row_max[m][h] == -INFINITY ? 0.0f : row_max[m][h];
 #pragma unroll
           for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
