@@ -52,8 +52,9 @@
 // In F16 the odd nibbles stay where they are (bits 4-7 of each half: 1024 + 16q, and one
 // hfma2 by 1/16 minus 64 is q exactly), so a word takes one shift, not three; each mask-and-
 // OR is one lop3 (AndOr). Instructions, not bytes, bound these kernels at small m (their
-// W4A16 ran no faster than W8A16 on the H200), so every step's index arithmetic is done once
-// per thread (ForEachUnit) and the conversions take the fewest instructions that stay exact.
+// W4A16 ran no faster than W8A16 on the H200), so the index arithmetic is done once per thread
+// (Block::Loader's advancing sources, Block::Operands' stage offsets) and the conversions take
+// the fewest instructions that stay exact.
 // INT8: in F16, two biased bytes go into the low mantissa bytes of (1024.0, 1024.0) (one
 // byte_perm), minus 1152 is q exactly; in BF16 the biased byte goes into the mantissa of the
 // F32 2^23 (exact), minus 2^23 + 128 is q exactly, converted exactly (|q| <= 128); a
@@ -479,9 +480,8 @@ struct Block {
     ForEachUnit<kActUnits>([&](int j, int i) {
       const int row = i / S::kUnitsPerRow, unit = i % S::kUnitsPerRow;
       const int m = m0 + row;
-      l.act[j] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(m) * args.k +
-                                                  static_cast<int64_t>(step) * S::kStepK +
-                                                  unit * 8);
+      l.act[j] = reinterpret_cast<const uint8_t*>(
+          x + static_cast<int64_t>(m) * args.k + static_cast<int64_t>(step) * S::kStepK + unit * 8);
       l.act_end[j] = m < args.m ? args.k - unit * 8 : 0;
     });
     if constexpr (S::kGrouped) {
@@ -582,13 +582,13 @@ struct Block {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Rows (wm kTilesM + tm) 8 + g: the swizzle's row parity is g's.
-      o.act[h] = S::kWeightBytes +
-                 ActOffset<S::kUnitsPerRow>(wm * S::kTilesM * 8 + g, 8 * wk + 4 * h + t);
+      o.act[h] =
+          S::kWeightBytes + ActOffset<S::kUnitsPerRow>(wm * S::kTilesM * 8 + g, 8 * wk + 4 * h + t);
       // The group of this lane's 8 input features of half h, counted from the step's first: a
       // step holds whole groups, or lies inside one (then 0).
-      const int local_group = S::kStepK >= kGroup && S::kGrouped ? (64 * wk + 32 * h + 8 * t) /
-                                                                       (kGroup > 0 ? kGroup : 1)
-                                                                 : 0;
+      const int local_group = S::kStepK >= kGroup && S::kGrouped
+                                  ? (64 * wk + 32 * h + 8 * t) / (kGroup > 0 ? kGroup : 1)
+                                  : 0;
       o.scales[h] = S::kWeightBytes + S::kActBytes +
                     (wn * S::kFragsN * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
                     g * (S::kScaleGroupBytes / 8);
