@@ -4,7 +4,7 @@
 // test; serving runs paged_attention.cu's kernel until a GPU sweep says otherwise.
 //
 // Block (split, KV head, sequence), 128 threads = 4 warps, head dim 128, F16 or BF16 K/V and a
-// query of the same type.
+// query of the same type or F32 (the model path's, rounded to the K/V type once).
 // The KV head's query heads (at most 16) are the rows of one m16 tile, so S = Q K^T and
 // O += P V run as mma.sync m16n8k16 instead of one FMA per element per head (FlashInfer's
 // tensor-core decode for GQA): a tile of 64 tokens gives each warp 16 of them, two n8 tiles of
@@ -86,7 +86,8 @@ __device__ __forceinline__ float Exp2(float x) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::DecodeArgs args) {
+__global__ void __launch_bounds__(kThreads)
+    PagedDecodeMmaKernel(internal::DecodeArgs args, bool q_f32) {
   extern __shared__ __align__(16) uint8_t ring[];
   // Each tile's rows as slot * num_kv_heads (the cache row of the slot's first KV head; kNoRow:
   // none), resolved through the block table once per row, a tile ahead of their copies:
@@ -103,18 +104,25 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
   const int begin = span.begin, num_tiles = span.num_tiles, length = span.end - span.begin;
 
   // The query's A fragments for the 8 k-steps: a0 (head g, dims 2t, 2t+1), a1 (head g + 8),
-  // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0.
-  const T* q =
-      static_cast<const T*>(args.q) + seq * args.q_stride + static_cast<int64_t>(head0) * kHeadDim;
+  // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0. An F32
+  // query (the model path's) is rounded to T here, once.
+  const int64_t q_at = seq * args.q_stride + static_cast<int64_t>(head0) * kHeadDim;
   uint32_t qa[kHeadDim / 16][4];
 #pragma unroll
   for (int s = 0; s < kHeadDim / 16; ++s) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int head = g + (r & 1) * 8, dim = 16 * s + 2 * t + (r >> 1) * 8;
-      qa[s][r] = head < args.group
-                     ? *reinterpret_cast<const uint32_t*>(q + head * kHeadDim + dim)
-                     : 0u;
+      const int64_t at = q_at + head * kHeadDim + dim;
+      if (head >= args.group) {
+        qa[s][r] = 0u;
+      } else if (q_f32) {
+        const float2 pair =
+            *reinterpret_cast<const float2*>(static_cast<const float*>(args.q) + at);
+        qa[s][r] = PackPair<T>(pair.x, pair.y);
+      } else {
+        qa[s][r] = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(args.q) + at);
+      }
     }
   }
 
@@ -327,11 +335,20 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::Decod
   const internal::DecodeOutput output{
       args.out, args.partial_acc, args.partial_max, args.partial_sum, args.sinks, kHeadDim,
       split,    num_splits,       args.out_low,     args.out_low_bf16};
-  for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
-    const int h = i / kHeadDim, d = i % kHeadDim;
-    internal::StoreDecodeElement<T, kWarps>(
-        &warp_max[0][h], &warp_sum[0][h], kMaxGroup, merge + h * kHeadDim + d, kMaxGroup * kHeadDim,
-        bad_table, output, static_cast<int64_t>(seq) * args.num_heads + head0 + h, head0 + h, d);
+  // The output is of the query's type.
+  auto store = [&]<typename Out>() {
+    for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
+      const int h = i / kHeadDim, d = i % kHeadDim;
+      internal::StoreDecodeElement<Out, kWarps>(
+          &warp_max[0][h], &warp_sum[0][h], kMaxGroup, merge + h * kHeadDim + d,
+          kMaxGroup * kHeadDim, bad_table, output,
+          static_cast<int64_t>(seq) * args.num_heads + head0 + h, head0 + h, d);
+    }
+  };
+  if (q_f32) {
+    store.template operator()<float>();
+  } else {
+    store.template operator()<T>();
   }
 }
 
@@ -360,7 +377,8 @@ bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
   return rows < int64_t{kNoRow} && p.cache.head_dim == kHeadDim &&
          p.cache.quant == KvQuant::kNone &&
          (p.cache.dtype == DataType::kF16 || p.cache.dtype == DataType::kBF16) &&
-         p.q_dtype == p.cache.dtype && p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
+         (p.q_dtype == p.cache.dtype || p.q_dtype == DataType::kF32) &&
+         p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
 }
 
 namespace {
@@ -377,7 +395,8 @@ absl::Status LaunchKernel(const PagedDecodeParams& p, cudaStream_t stream) {
       internal::PlanDecodeSplits(p, p.num_seqs * p.cache.num_kv_heads, resident, args));
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.num_seqs));
-  PagedDecodeMmaKernel<T><<<grid, kThreads, kSharedBytes, stream>>>(args);
+  PagedDecodeMmaKernel<T>
+      <<<grid, kThreads, kSharedBytes, stream>>>(args, p.q_dtype == DataType::kF32);
   LOOM_RETURN_IF_ERROR(internal::CheckLaunch("PagedDecodeMma"));
   return num_splits > 1 ? internal::LaunchPagedDecodeReduce(p, num_splits, stream)
                         : absl::OkStatus();

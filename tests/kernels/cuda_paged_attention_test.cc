@@ -655,7 +655,8 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
 // block mid-tile at a moving offset), forced splits with empty partitions, the heuristic's
 // splits, group tiles 4 and 8, a window and soft-capping. The tensor-core member rounds P to the
 // K/V type: 2e-3 in F16 and 1e-2 in BF16 (its 8-bit mantissa) instead of 5e-5 (a misplaced fragment
-// moves outputs by tenths); it runs BF16 caches too.
+// moves outputs by tenths); it runs BF16 caches too, and F32 queries (rounded to the K/V type in
+// the kernel: 4e-3 and 2e-2).
 TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 1300;
@@ -674,6 +675,14 @@ TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
       if (mma) {
         c.abs_tolerance = 1e-2;
         RunDecodeCase(c, DataType::kBF16, DataType::kBF16, seed += 7);
+        if (HasFatalFailure()) return;
+        // The model path's F32 query, rounded to the K/V type in the kernel (once more than the
+        // reference rounds it).
+        c.abs_tolerance = 4e-3;
+        RunDecodeCase(c, DataType::kF16, DataType::kF32, seed += 7);
+        if (HasFatalFailure()) return;
+        c.abs_tolerance = 2e-2;
+        RunDecodeCase(c, DataType::kBF16, DataType::kF32, seed += 7);
         if (HasFatalFailure()) return;
       }
     }
