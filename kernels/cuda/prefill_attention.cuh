@@ -196,13 +196,15 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   T* q_shared = reinterpret_cast<T*>(shared_raw);  // [kRows][kStride]
   T* k_shared = q_shared + kRows * kStride;        // [2][kBlockN][kStride]
   T* v_shared = k_shared + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
-  // Each KV tile's slots, resolved through the block table once per row: -1 for a row
-  // past the tile's positions or one the table cannot resolve (zero-filled). A row's slot
-  // sits in its K row's padding (columns kHeadDim .., which no copy or ldmatrix touches),
-  // so the slots take no shared memory of their own (head dim 256 fills the 99 KiB that
-  // sm_86 and sm_89 allow a block).
-  auto slot_of = [&](int buffer, int row) -> int64_t& {
-    return *reinterpret_cast<int64_t*>(k_shared + (buffer * kBlockN + row) * kStride + kHeadDim);
+  // Each KV tile's rows as cache rows (slot x num_kv_heads + kv_head: fewer than 2^32 - 1,
+  // CheckPagedPrefillParams), resolved through the block table once per row: kNoRow for a
+  // row past the tile's positions or one the table cannot resolve (zero-filled). A row's
+  // entry sits in its K row's padding (columns kHeadDim .., which no copy or ldmatrix
+  // touches), so the entries take no shared memory of their own (head dim 256 fills the
+  // 99 KiB that sm_86 and sm_89 allow a block).
+  constexpr uint32_t kNoRow = 0xffffffffu;
+  auto slot_of = [&](int buffer, int row) -> uint32_t& {
+    return *reinterpret_cast<uint32_t*>(k_shared + (buffer * kBlockN + row) * kStride + kHeadDim);
   };
 
   const int seq = blockIdx.z;
@@ -221,7 +223,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const T* q = static_cast<const T*>(args.q);
   const Code* k_cache = static_cast<const Code*>(args.k_cache);
   const Code* v_cache = static_cast<const Code*>(args.v_cache);
-  const int64_t slot_elements = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
 
   // Every shared read of one tile ends before the next tile's writes: the KV loop ends
   // with __syncthreads and the epilogue starts with __syncthreads_or.
@@ -266,45 +267,49 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     };
     auto resolve_slot = [&](int kv_tile, int entry) {
       if (threadIdx.x >= kBlockN) return;
-      int64_t slot = -1;
+      uint32_t row = kNoRow;
       if (in_tile(kv_tile)) {
         if (entry >= 0 && entry < args.num_blocks) {
           const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
-          slot = static_cast<int64_t>(entry) * args.block_size + position % args.block_size;
+          const uint32_t slot =
+              static_cast<uint32_t>(entry) * args.block_size + position % args.block_size;
+          row = slot * args.num_kv_heads + kv_head;
         } else {
           bad = true;  // a table the host failed to validate (any entry outside the pool)
         }
       }
-      slot_of(kv_tile & 1, threadIdx.x) = slot;
+      slot_of(kv_tile & 1, threadIdx.x) = row;
     };
-    // One KV tile's K and V rows into buffer kv_tile & 1 from its resolved slots.
+    // One KV tile's K and V rows into buffer kv_tile & 1 from its resolved rows. Thread
+    // threadIdx.x copies chunk threadIdx.x % kChunks of rows threadIdx.x / kChunks + i
+    // kThreads / kChunks: a copy is a shared load, a product and the two copies.
     auto load_kv = [&](int kv_tile) {
+      static_assert(kThreads % kChunks == 0, "a thread copies one chunk column");
       const int buffer = kv_tile & 1;
-      T* k_dst = k_shared + buffer * kBlockN * kStride;
-      T* v_dst = v_shared + buffer * kBlockN * kStride;
+      const int chunk = static_cast<int>(threadIdx.x) % kChunks;
+      T* k_dst = k_shared + buffer * kBlockN * kStride + chunk * 8;
+      T* v_dst = v_shared + buffer * kBlockN * kStride + chunk * 8;
+      const Code* k_src = k_cache + chunk * 8;
+      const Code* v_src = v_cache + chunk * 8;
 #pragma unroll
       for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
-        const int c = i * kThreads + static_cast<int>(threadIdx.x);
-        const int r = c / kChunks, chunk = c % kChunks;
-        const int64_t slot = slot_of(buffer, r);
-        const bool found = slot >= 0;
-        const int64_t offset =
-            found ? slot * slot_elements + static_cast<int64_t>(kv_head) * kHeadDim + chunk * 8
-                  : 0;
+        const int r = i * (kThreads / kChunks) + static_cast<int>(threadIdx.x) / kChunks;
+        const uint32_t row = slot_of(buffer, r);
+        const bool found = row != kNoRow;
+        const uint64_t offset = static_cast<uint64_t>(found ? row : 0u) * kHeadDim;
         if constexpr (internal::kIsKvCode<Code>) {
           uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);
           if (found) {
-            const int64_t row = slot * args.num_kv_heads + kv_head;
-            k_chunk = DequantizeChunk<T>(k_cache + offset,
-                                         internal::Bf16BitsToFloat(args.k_scale[row]));
-            v_chunk = DequantizeChunk<T>(v_cache + offset,
-                                         internal::Bf16BitsToFloat(args.v_scale[row]));
+            k_chunk =
+                DequantizeChunk<T>(k_src + offset, internal::Bf16BitsToFloat(args.k_scale[row]));
+            v_chunk =
+                DequantizeChunk<T>(v_src + offset, internal::Bf16BitsToFloat(args.v_scale[row]));
           }
-          *reinterpret_cast<uint4*>(k_dst + r * kStride + chunk * 8) = k_chunk;
-          *reinterpret_cast<uint4*>(v_dst + r * kStride + chunk * 8) = v_chunk;
+          *reinterpret_cast<uint4*>(k_dst + r * kStride) = k_chunk;
+          *reinterpret_cast<uint4*>(v_dst + r * kStride) = v_chunk;
         } else {
-          CopyAsync16(k_dst + r * kStride + chunk * 8, k_cache + offset, found ? 16 : 0);
-          CopyAsync16(v_dst + r * kStride + chunk * 8, v_cache + offset, found ? 16 : 0);
+          CopyAsync16(k_dst + r * kStride, k_src + offset, found ? 16 : 0);
+          CopyAsync16(v_dst + r * kStride, v_src + offset, found ? 16 : 0);
         }
       }
     };

@@ -63,6 +63,11 @@ TEST(CudaPagedPrefillTest, RejectsUnsupportedShapesBeforeLaunch) {
   p.num_heads = 7;
   expect_invalid(p, "num_heads 7");
   p = ValidParams(storage);
+  p.cache.num_blocks = int64_t{1} << 27;  // x 16 slots x 2 KV heads = 2^32 cache rows
+  expect_invalid(p, "2^32 cache rows");
+  p.cache.num_blocks = (int64_t{1} << 27) - 1;
+  EXPECT_TRUE(CheckPagedPrefillParams(p).ok()) << CheckPagedPrefillParams(p);
+  p = ValidParams(storage);
   p.num_seqs = 70000;
   expect_invalid(p, "num_seqs 70000");
   p = ValidParams(storage);
