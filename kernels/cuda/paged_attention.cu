@@ -5,9 +5,11 @@
 // The split's tokens go in tiles of kPasses tokens per subgroup; the tiles stream into
 // shared memory through a kStages-deep cp.async ring (each thread copies 16-byte chunks of
 // K and V rows; rows past the split or the table are zero-filled), so several stages of
-// loads are in flight per block while it computes another. The block-table entries a
-// thread's rows need are loaded one ring step ahead of their copies, and each tile's slots
-// are staged once in shared memory for the compute (validity and the 8-bit scales).
+// loads are in flight per block while it computes another. Each row of a tile is resolved
+// once, by one thread, a tile ahead of its copies: its block-table index advances by a tile's
+// worth per tile (no division per chunk), and its cache row (slot x KV heads + head, 32-bit)
+// is staged in shared memory for the copies (one product each), the compute (validity) and
+// the 8-bit scales.
 //
 // Compute: threads form subgroups of kHeadDim / 8 lanes; a subgroup owns kPasses tokens
 // of a tile and each lane 8 consecutive dims of them. A subgroup keeps its own online
@@ -73,8 +75,13 @@ struct DecodeShape {
   static constexpr int kMergeBytes = kWarps * kGroup * kHeadDim * 4;
   static constexpr int kSharedBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   static_assert(kTile * kChunksPerRow % kThreads == 0, "whole chunks per thread");
-  static_assert(kChunksPerRow <= kThreads, "a thread's chunks lie in distinct rows");
-  static_assert(kStages >= 3, "a tile's slots are read one tile ahead");
+  static_assert(kThreads % kChunksPerRow == 0, "a thread copies one chunk column");
+  static_assert(kTile <= kThreads, "one thread resolves each row of a tile");
+  static_assert(kStages >= 3, "a tile's rows are read one tile ahead");
+  // Each tile's rows, from their resolution kStages tiles ahead of the compute to the compute:
+  // kStages + 1 live entries, rounded up to a power of two.
+  static constexpr int kRowRing = kStages < 4 ? 4 : kStages < 8 ? 8 : 16;
+  static_assert(kRowRing >= kStages + 1);
 };
 
 // Eight consecutive F16/BF16 values (16 bytes) or 8-bit codes (8 bytes) from shared
@@ -111,7 +118,10 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
   constexpr int kPasses = S::kPasses;
   constexpr bool kQuantized = internal::kIsKvCode<Kv>;
   extern __shared__ __align__(16) uint8_t ring[];  // S::kSharedBytes
-  __shared__ int64_t slot_ring[kStages][S::kTile];  // each tile's slots, -1 when none
+  // Each tile's rows as cache rows (slot x num_kv_heads + kv_head, fewer than 2^32 - 1:
+  // CheckPagedDecodeParams), kNoRow when none.
+  constexpr uint32_t kNoRow = 0xffffffffu;
+  __shared__ uint32_t row_ring[S::kRowRing][S::kTile];
   __shared__ float warp_max[kWarps][kGroup], warp_sum[kWarps][kGroup];
 
   const int seq = blockIdx.z;
@@ -141,44 +151,57 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
     }
   }
 
-  // ---- the ring: block-table entries one step ahead, then the rows' 16-byte chunks.
-  const uint8_t* k_bytes = static_cast<const uint8_t*>(args.k_cache);
-  const uint8_t* v_bytes = static_cast<const uint8_t*>(args.v_cache);
+  // ---- the rows: thread `row` < kTile resolves row `row` of each tile in turn (one
+  // block-table load per row, not per 16-byte chunk), kStages tiles ahead of its compute. Its
+  // position's block-table index and offset start with one division and then advance by
+  // kTile per tile.
   bool bad = false;  // a table the host failed to validate
-  int blocks[S::kChunksPerThread];  // the pool blocks of this thread's rows of one tile
-  auto fetch = [&](int tile) {
-#pragma unroll
-    for (int i = 0; i < S::kChunksPerThread; ++i) {
-      const int row = (i * kThreads + threadIdx.x) / S::kChunksPerRow;
-      const int position = begin + tile * S::kTile + row;
-      const int index = position / args.block_size;
-      blocks[i] = tile < num_tiles && position < end && index < table_len
-                      ? args.block_indices[table_begin + index]
-                      : -1;
+  const int length = end - begin;
+  int index = 0, offset = 0, step_blocks = 0, step_offset = 0;
+  if (threadIdx.x < S::kTile) {
+    index = (begin + static_cast<int>(threadIdx.x)) / args.block_size;
+    offset = begin + static_cast<int>(threadIdx.x) - index * args.block_size;
+    step_blocks = S::kTile / args.block_size;
+    step_offset = S::kTile - step_blocks * args.block_size;
+  }
+  auto resolve = [&](int tile) {
+    if (tile >= num_tiles || threadIdx.x >= S::kTile) return;
+    uint32_t row = kNoRow;
+    if (tile * S::kTile + static_cast<int>(threadIdx.x) < length) {
+      const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
+      if (block >= 0 && block < args.num_blocks) {
+        row =
+            (static_cast<uint32_t>(block) * args.block_size + offset) * args.num_kv_heads + kv_head;
+      } else {
+        bad = true;
+      }
+    }
+    row_ring[tile % S::kRowRing][threadIdx.x] = row;
+    index += step_blocks;
+    offset += step_offset;
+    if (offset >= args.block_size) {
+      offset -= args.block_size;
+      ++index;
     }
   };
+  // ---- the ring: thread i copies column i % kChunksPerRow of rows i / kChunksPerRow + j
+  // kThreads / kChunksPerRow of each tile, from the rows resolved a tile earlier.
+  const int column = static_cast<int>(threadIdx.x) % S::kChunksPerRow;
+  const int copy_row = static_cast<int>(threadIdx.x) / S::kChunksPerRow;
+  const uint8_t* k_source = static_cast<const uint8_t*>(args.k_cache) + column * 16;
+  const uint8_t* v_source = static_cast<const uint8_t*>(args.v_cache) + column * 16;
   auto issue = [&](int tile) {
     if (tile < num_tiles) {
-      const int stage = tile % kStages;
-      uint8_t* k_stage = ring + stage * S::kStageBytes;
+      uint8_t* k_stage = ring + (tile % kStages) * S::kStageBytes + threadIdx.x * 16;
+      const uint32_t* rows = row_ring[tile % S::kRowRing] + copy_row;
 #pragma unroll
       for (int i = 0; i < S::kChunksPerThread; ++i) {
-        const int c = i * kThreads + threadIdx.x;
-        const int row = c / S::kChunksPerRow, column = c % S::kChunksPerRow;
-        const int position = begin + tile * S::kTile + row;
-        int64_t slot = -1;
-        if (position < end) {
-          if (blocks[i] >= 0 && blocks[i] < args.num_blocks) {
-            slot = static_cast<int64_t>(blocks[i]) * args.block_size + position % args.block_size;
-          } else {
-            bad = true;
-          }
-        }
-        const int64_t at =
-            slot >= 0 ? (slot * args.num_kv_heads + kv_head) * S::kRowBytes + column * 16 : 0;
-        CopyAsync16(k_stage + c * 16, k_bytes + at, slot >= 0 ? 16 : 0);
-        CopyAsync16(k_stage + S::kTileBytes + c * 16, v_bytes + at, slot >= 0 ? 16 : 0);
-        if (column == 0) slot_ring[stage][row] = slot;
+        constexpr int kRowsApart = kThreads / S::kChunksPerRow;
+        const uint32_t row = rows[i * kRowsApart];
+        const bool found = row != kNoRow;
+        const uint64_t at = static_cast<uint64_t>(found ? row : 0u) * S::kRowBytes;
+        CopyAsync16(k_stage + i * kThreads * 16, k_source + at, found ? 16 : 0);
+        CopyAsync16(k_stage + S::kTileBytes + i * kThreads * 16, v_source + at, found ? 16 : 0);
       }
     }
     CopyAsyncCommit();  // an empty group past the last tile keeps the wait counts uniform
@@ -192,11 +215,10 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
       if (tile >= num_tiles) return;
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
-        const int64_t slot = slot_ring[tile % kStages][p * S::kSubgroups + subgroup];
-        const int64_t row = slot * args.num_kv_heads + kv_head;
+        const uint32_t row = row_ring[tile % S::kRowRing][p * S::kSubgroups + subgroup];
         constexpr float kFactor = internal::kKvDecodeFactor<Kv>;
-        ks[p] = slot >= 0 ? internal::Bf16BitsToFloat(args.k_scale[row]) * kFactor : 0.0f;
-        vs[p] = slot >= 0 ? internal::Bf16BitsToFloat(args.v_scale[row]) * kFactor : 0.0f;
+        ks[p] = row != kNoRow ? internal::Bf16BitsToFloat(args.k_scale[row]) * kFactor : 0.0f;
+        vs[p] = row != kNoRow ? internal::Bf16BitsToFloat(args.v_scale[row]) * kFactor : 0.0f;
       }
     } else {
       (void)tile, (void)ks, (void)vs;
@@ -220,7 +242,7 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int t = p * S::kSubgroups + subgroup;
-      const bool valid = slot_ring[stage][t] >= 0;
+      const bool valid = row_ring[tile % S::kRowRing][t] != kNoRow;
       float k[8];
       LoadShared8(k_tile + t * kHeadDim + sub_lane * 8, k);
 #pragma unroll
@@ -268,18 +290,20 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
     }
   };
 
-  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed.
+  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed, their rows
+  // resolved one tile further ahead (published by each iteration's barrier).
 #pragma unroll
-  for (int tile = 0; tile < kStages - 1; ++tile) {
-    fetch(tile);
-    issue(tile);
-  }
-  fetch(kStages - 1);
+  for (int tile = 0; tile < kStages; ++tile) resolve(tile);
+  __syncthreads();
+#pragma unroll
+  for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
   for (int tile = 0; tile < num_tiles; ++tile) {
     CopyAsyncWait<kStages - 2>();  // this thread's copies of `tile` landed
-    __syncthreads();  // everyone's have, and everyone finished tile - 1 (its stage is free)
+    // Everyone's have; everyone finished tile - 1 (its stage and its rows' entry are free), and
+    // the rows of tile + kStages - 1 are visible.
+    __syncthreads();
     issue(tile + kStages - 1);
-    fetch(tile + kStages);
+    resolve(tile + kStages);
     if (tile == 0) load_scales(0, k_scale, v_scale);
     load_scales(tile + 1, next_k_scale, next_v_scale);
     compute(tile);

@@ -61,6 +61,11 @@ TEST(CudaPagedDecodeTest, RejectsUnsupportedShapesBeforeLaunch) {
   p.num_heads = 7;
   expect_invalid(p, "num_heads 7");
   p = ValidParams(storage);
+  p.cache.num_blocks = int64_t{1} << 27;  // x 16 slots x 2 KV heads = 2^32 cache rows
+  expect_invalid(p, "2^32 cache rows");
+  p.cache.num_blocks = (int64_t{1} << 27) - 1;
+  EXPECT_TRUE(CheckPagedDecodeParams(p).ok()) << CheckPagedDecodeParams(p);
+  p = ValidParams(storage);
   p.num_splits = kPagedDecodeMaxSplits + 1;
   expect_invalid(p, "num_splits 65");
   p = ValidParams(storage);
