@@ -259,20 +259,33 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
         score[p][g] = valid ? dot : -INFINITY;
       }
     }
-    // One rescale per tile; scores become probabilities relative to the new max.
+    // At most one rescale per tile, skipped when no head of the warp has a new maximum: its
+    // factor would be exp(0) = 1 (or 0 times sums that are 0), so no bit changes, and after the
+    // first tiles a new maximum is rare. Scores become probabilities relative to the max.
+    float new_max[kGroup];
+    bool grew = false;
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      float new_max = row_max[g];
+      new_max[g] = row_max[g];
 #pragma unroll
-      for (int p = 0; p < kPasses; ++p) new_max = fmaxf(new_max, score[p][g]);
-      const float alpha = ExpFrom(row_max[g], new_max);
-      row_max[g] = new_max;
-      row_sum[g] *= alpha;
+      for (int p = 0; p < kPasses; ++p) new_max[g] = fmaxf(new_max[g], score[p][g]);
+      grew = grew || new_max[g] > row_max[g];
+    }
+    if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+      for (int g = 0; g < kGroup; ++g) {
+        const float alpha = ExpFrom(row_max[g], new_max[g]);
+        row_max[g] = new_max[g];
+        row_sum[g] *= alpha;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
-        score[p][g] = ExpFrom(score[p][g], new_max);
+        score[p][g] = ExpFrom(score[p][g], row_max[g]);
         row_sum[g] += score[p][g];
       }
     }
