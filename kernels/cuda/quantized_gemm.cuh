@@ -673,19 +673,45 @@ struct Block {
     constexpr int kScaleReads = kGroup >= 64 ? 1 : 2;
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int k_chunks = args.k / 64;
-    const T* x = static_cast<const T*>(args.x);
+    // This lane's sources at the warp's first chunk, advanced kDepth steps per round (a chunk
+    // of the round adds a constant): the weights of each fragment, the rows of the scale words
+    // (a chunk's group is added per chunk: with groups of 128 it is not linear in the chunk),
+    // the activation rows.
+    constexpr int kChunkStride = S::kWarpsK;  // chunks from one step to the next
+    const int first_chunk = step_begin * S::kWarpsK + wk;
+    const uint8_t* weight[S::kFragsN];
+    const uint8_t* scale_rows[S::kFragsN];
+#pragma unroll
+    for (int f = 0; f < S::kFragsN; ++f) {
+      const int64_t tile = row_tile0 + f;
+      weight[f] = args.weight + (tile * k_chunks + first_chunk) * S::kChunkBytes + lane * 16;
+      scale_rows[f] = nullptr;
+      if constexpr (S::kGrouped) {
+        scale_rows[f] = static_cast<const uint8_t*>(args.scales) +
+                        tile * (args.k / kGroup) * S::kScaleGroupBytes +
+                        g * (S::kScaleGroupBytes / 8);
+      }
+    }
+    const T* x_rows[S::kTilesM];
+    bool row_valid[S::kTilesM];
+#pragma unroll
+    for (int tm = 0; tm < S::kTilesM; ++tm) {
+      const int row = m0 + tm * 8 + g;
+      row_valid[tm] = row < args.m;
+      x_rows[tm] = static_cast<const T*>(args.x) + static_cast<int64_t>(row) * args.k +
+                   first_chunk * 64 + 8 * t;
+    }
     for (int s0 = 0; s0 < num_steps; s0 += kDepth) {
       uint32_t words[kDepth][S::kFragsN][kWords];
       ScaleWords<kScales> sw[kDepth][S::kFragsN][kScaleReads];
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        const int chunk = (step_begin + s0 + d) * S::kWarpsK + wk;
+        const int chunk = first_chunk + (s0 + d) * kChunkStride;
         const bool live = s0 + d < num_steps && chunk < k_chunks;
 #pragma unroll
         for (int f = 0; f < S::kFragsN; ++f) {
           const bool valid = live && frag_valid[f];
-          const int64_t tile = row_tile0 + f;
-          const uint8_t* base = args.weight + (tile * k_chunks + chunk) * S::kChunkBytes + lane * 16;
+          const uint8_t* base = weight[f] + d * kChunkStride * S::kChunkBytes;
 #pragma unroll
           for (int part = 0; part < kLoads; ++part) {
             const uint4 raw = valid ? LoadStreaming16(base + part * 512) : make_uint4(0, 0, 0, 0);
@@ -699,9 +725,7 @@ struct Block {
             sw[d][f][r] = {};
             if constexpr (S::kGrouped) {
               const int group = (chunk * 64 + 32 * r + 8 * t) / kGroup;
-              const uint8_t* at = static_cast<const uint8_t*>(args.scales) +
-                                  (tile * (args.k / kGroup) + group) * S::kScaleGroupBytes +
-                                  g * (S::kScaleGroupBytes / 8);
+              const uint8_t* at = scale_rows[f] + group * S::kScaleGroupBytes;
               if (valid) sw[d][f][r] = __ldg(reinterpret_cast<const ScaleWords<kScales>*>(at));
             }
           }
@@ -709,18 +733,16 @@ struct Block {
       }
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        const int chunk = (step_begin + s0 + d) * S::kWarpsK + wk;
+        const int chunk = first_chunk + (s0 + d) * kChunkStride;
         if (s0 + d >= num_steps || chunk >= k_chunks) continue;  // the same for the whole warp
         uint4 b[2][S::kTilesM];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
 #pragma unroll
           for (int tm = 0; tm < S::kTilesM; ++tm) {
-            const int row = m0 + tm * 8 + g;
-            b[half][tm] = row < args.m ? __ldg(reinterpret_cast<const uint4*>(
-                                             x + static_cast<int64_t>(row) * args.k + chunk * 64 +
-                                             32 * half + 8 * t))
-                                       : make_uint4(0, 0, 0, 0);
+            b[half][tm] = row_valid[tm] ? __ldg(reinterpret_cast<const uint4*>(
+                                              x_rows[tm] + d * kChunkStride * 64 + 32 * half))
+                                        : make_uint4(0, 0, 0, 0);
           }
         }
 #pragma unroll
@@ -742,6 +764,10 @@ struct Block {
           }
         }
       }
+#pragma unroll
+      for (int f = 0; f < S::kFragsN; ++f) weight[f] += kDepth * kChunkStride * S::kChunkBytes;
+#pragma unroll
+      for (int tm = 0; tm < S::kTilesM; ++tm) x_rows[tm] += kDepth * kChunkStride * 64;
     }
   }
 };
