@@ -60,8 +60,8 @@ constexpr int kHeadDim = 128;
 constexpr int kMaxGroup = 16;                          // query heads: the rows of one m16 tile
 constexpr int kTile = 16 * kWarps;                     // tokens per tile, 16 per warp
 constexpr int kStages = 3;                             // >= 3: tile t + 2 loads while t computes
-constexpr int kSlotRing = 4;                           // >= kStages + 1, a power of two
-static_assert(kSlotRing >= kStages + 1 && (kSlotRing & (kSlotRing - 1)) == 0);
+constexpr int kRowRing = 4;                            // >= kStages + 1, a power of two
+static_assert(kRowRing >= kStages + 1 && (kRowRing & (kRowRing - 1)) == 0);
 constexpr uint32_t kNoRow = 0xffffffffu;               // a tile row past the span's end
 constexpr int kChunks = kHeadDim * 2 / 16;             // 16-byte chunks per K or V row
 constexpr int kTileBytes = kTile * kHeadDim * 2;       // 16 KiB
@@ -91,9 +91,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) uint8_t ring[];
   // Each tile's rows as slot * num_kv_heads (the cache row of the slot's first KV head; kNoRow:
   // none), resolved through the block table once per row, a tile ahead of their copies:
-  // kSlotRing >= kStages + 1 entries, so that a tile's entry is written while the tile before
+  // kRowRing >= kStages + 1 entries, so that a tile's entry is written while the tile before
   // it is issued.
-  __shared__ uint32_t slot_ring[kSlotRing][kTile];
+  __shared__ uint32_t row_ring[kRowRing][kTile];
   __shared__ float warp_max[kWarps][kMaxGroup], warp_sum[kWarps][kMaxGroup];
 
   const int seq = blockIdx.z, split = blockIdx.x, num_splits = gridDim.x;
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
         bad = true;
       }
     }
-    slot_ring[tile % kSlotRing][threadIdx.x] = row;
+    row_ring[tile % kRowRing][threadIdx.x] = row;
     index += step_blocks;
     offset += step_offset;
     if (offset >= args.block_size) {
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads)
   auto issue = [&](int tile) {
     if (tile < num_tiles) {
       const uint32_t k_stage = copy_at + (tile % kStages) * kStageBytes;
-      const uint32_t* rows = slot_ring[tile % kSlotRing] + copy_row;
+      const uint32_t* rows = row_ring[tile % kRowRing] + copy_row;
 #pragma unroll
       for (int i = 0; i < kTile * kChunks / kThreads; ++i) {
         constexpr int kRowsApart = kThreads / kChunks;  // a thread's rows, 8 apart
