@@ -26,6 +26,12 @@ absl::Status CheckKvCacheView(const KvCacheView& c) {
         "KV cache: num_blocks %d, block_size %d, num_kv_heads %d, head_dim %d must be positive",
         c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim));
   }
+  // The attention kernels count the pool's rows (slot x KV head) in 32 bits (kNoCacheRow).
+  if (c.num_blocks * c.block_size * c.num_kv_heads >= int64_t{internal::kNoCacheRow}) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache: %d blocks x %d slots x %d KV heads is 2^32 cache rows or more",
+                        c.num_blocks, c.block_size, c.num_kv_heads));
+  }
   if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
   if (c.quant != KvQuant::kNone) {
     if (!PowerOfTwoHeadDim(c.head_dim)) {

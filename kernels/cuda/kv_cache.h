@@ -37,8 +37,16 @@ struct KvCacheView {
 /// Bytes of one stored K or V element: 1 for the 8-bit types, else dtype's.
 int64_t KvCodeBytes(const KvCacheView& cache);
 
-/// InvalidArgument for a KV cache view the CUDA kernels cannot use (dtype, sizes).
+/// InvalidArgument for a KV cache view the CUDA kernels cannot use (dtype, sizes; 2^32 cache rows,
+/// slots x KV heads, or more).
 absl::Status CheckKvCacheView(const KvCacheView& cache);
+
+namespace internal {
+/// The attention kernels address a pool's rows (slot x num_kv_heads + kv_head) in 32 bits
+/// (CheckKvCacheView keeps them below this value); this one marks "no row" (a tile row past the
+/// span, or one the block table cannot resolve: zero-filled).
+inline constexpr uint32_t kNoCacheRow = 0xffffffffu;
+}  // namespace internal
 
 /// New tokens' K/V into their slots, as cpu::WriteKv (values rounded to the cache dtype;
 /// the 8-bit types rotate, scale and round each row as cpu::QuantizeKvRow does, so F32

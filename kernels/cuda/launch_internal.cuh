@@ -136,20 +136,17 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-/// 16 bytes global -> shared, asynchronously (PTX cp.async, bypassing L1). With src_bytes
-/// 0 nothing is read and the 16 bytes are zero-filled. Both addresses 16-byte aligned.
-__device__ __forceinline__ void CopyAsync16(void* shared, const void* global, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(shared)),
-               "l"(global), "r"(src_bytes)
+/// 16 bytes global -> shared, asynchronously (PTX cp.async, bypassing L1), to a shared-space
+/// address (SharedAddress) or a generic pointer into shared memory. With src_bytes 0 nothing is
+/// read and the 16 bytes are zero-filled. Both addresses 16-byte aligned.
+__device__ __forceinline__ void CopyAsync16(uint32_t shared, const void* global, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global),
+               "r"(src_bytes)
                : "memory");
 }
 
-/// CopyAsync16 to a shared-space address (SharedAddress): zero-filled without reading `global`
-/// when `read` is false.
-__device__ __forceinline__ void CopyAsync16If(uint32_t shared, const void* global, bool read) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global),
-               "r"(read ? 16 : 0)
-               : "memory");
+__device__ __forceinline__ void CopyAsync16(void* shared, const void* global, int src_bytes) {
+  CopyAsync16(SharedAddress(shared), global, src_bytes);
 }
 
 /// Closes this thread's group of cp.async copies (CopyAsyncWait counts groups).

@@ -104,12 +104,6 @@ absl::Status CheckPagedDecodeParams(const PagedDecodeParams& p) {
         "PagedDecode: num_heads %d must be a positive multiple of num_kv_heads %d (<= 65535)",
         p.num_heads, p.cache.num_kv_heads));
   }
-  // The kernels count the pool's rows (slot x KV head) in 32 bits.
-  if (p.cache.num_blocks * p.cache.block_size * p.cache.num_kv_heads >= int64_t{0xffffffff}) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedDecode: %d blocks x %d slots x %d KV heads is 2^32 cache rows or more",
-        p.cache.num_blocks, p.cache.block_size, p.cache.num_kv_heads));
-  }
   if (p.q_stride != 0 && p.q_stride < p.num_heads * p.cache.head_dim) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedDecode: q_stride %d shorter than a row of %d", p.q_stride,

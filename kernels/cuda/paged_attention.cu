@@ -25,18 +25,19 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <string_view>
 #include <utility>
 
 #include "common/status_macros.h"
-#include "kernels/cuda/paged_decode_internal.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_quant.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_candidates.h"
 #include "kernels/cuda/paged_attention_internal.h"
+#include "kernels/cuda/paged_decode_internal.cuh"
 #include "kernels/cuda/paged_decode_mma.h"
 
 namespace loom::kernels::cuda {
@@ -80,8 +81,7 @@ struct DecodeShape {
   static_assert(kStages >= 3, "a tile's rows are read one tile ahead");
   // Each tile's rows, from their resolution kStages tiles ahead of the compute to the compute:
   // kStages + 1 live entries, rounded up to a power of two.
-  static constexpr int kRowRing = kStages < 4 ? 4 : kStages < 8 ? 8 : 16;
-  static_assert(kRowRing >= kStages + 1);
+  static constexpr int kRowRing = std::bit_ceil(static_cast<unsigned>(kStages) + 1);
 };
 
 // Eight consecutive F16/BF16 values (16 bytes) or 8-bit codes (8 bytes) from shared
@@ -118,9 +118,7 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
   constexpr int kPasses = S::kPasses;
   constexpr bool kQuantized = internal::kIsKvCode<Kv>;
   extern __shared__ __align__(16) uint8_t ring[];  // S::kSharedBytes
-  // Each tile's rows as cache rows (slot x num_kv_heads + kv_head, fewer than 2^32 - 1:
-  // CheckPagedDecodeParams), kNoRow when none.
-  constexpr uint32_t kNoRow = 0xffffffffu;
+  // Each tile's rows as cache rows (internal::TileRowResolver; kNoCacheRow when none).
   __shared__ uint32_t row_ring[S::kRowRing][S::kTile];
   __shared__ float warp_max[kWarps][kGroup], warp_sum[kWarps][kGroup];
 
@@ -135,8 +133,7 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
   const int subgroup = threadIdx.x / S::kLanes, sub_lane = threadIdx.x % S::kLanes;
 
   const internal::DecodeSpan span = internal::DecodeSpanOf(args, seq, split, num_splits, S::kTile);
-  const int begin = span.begin, end = span.end, num_tiles = span.num_tiles;
-  const int table_begin = span.table_begin, table_len = span.table_len;
+  const int begin = span.begin, num_tiles = span.num_tiles;
 
   // This lane's 8 dims of every query head, pre-scaled, in registers for the whole split.
   const Q* q =
@@ -151,38 +148,16 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
     }
   }
 
-  // ---- the rows: thread `row` < kTile resolves row `row` of each tile in turn (one
-  // block-table load per row, not per 16-byte chunk), kStages tiles ahead of its compute. Its
-  // position's block-table index and offset start with one division and then advance by
-  // kTile per tile.
+  // ---- the rows: thread `row` < kTile resolves row `row` of each tile in turn, kStages
+  // tiles ahead of its compute.
   bool bad = false;  // a table the host failed to validate
-  const int length = end - begin;
-  int index = 0, offset = 0, step_blocks = 0, step_offset = 0;
-  if (threadIdx.x < S::kTile) {
-    index = (begin + static_cast<int>(threadIdx.x)) / args.block_size;
-    offset = begin + static_cast<int>(threadIdx.x) - index * args.block_size;
-    step_blocks = S::kTile / args.block_size;
-    step_offset = S::kTile - step_blocks * args.block_size;
-  }
+  const int length = span.end - begin;
+  internal::TileRowResolver resolver(begin + static_cast<int>(threadIdx.x), args.block_size,
+                                     S::kTile);
   auto resolve = [&](int tile) {
     if (tile >= num_tiles || threadIdx.x >= S::kTile) return;
-    uint32_t row = kNoRow;
-    if (tile * S::kTile + static_cast<int>(threadIdx.x) < length) {
-      const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
-      if (block >= 0 && block < args.num_blocks) {
-        row =
-            (static_cast<uint32_t>(block) * args.block_size + offset) * args.num_kv_heads + kv_head;
-      } else {
-        bad = true;
-      }
-    }
-    row_ring[tile % S::kRowRing][threadIdx.x] = row;
-    index += step_blocks;
-    offset += step_offset;
-    if (offset >= args.block_size) {
-      offset -= args.block_size;
-      ++index;
-    }
+    const bool in_span = tile * S::kTile + static_cast<int>(threadIdx.x) < length;
+    row_ring[tile % S::kRowRing][threadIdx.x] = resolver.Next(args, span, in_span, kv_head, bad);
   };
   // ---- the ring: thread i copies column i % kChunksPerRow of rows i / kChunksPerRow + j
   // kThreads / kChunksPerRow of each tile, from the rows resolved a tile earlier.
@@ -198,7 +173,7 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
       for (int i = 0; i < S::kChunksPerThread; ++i) {
         constexpr int kRowsApart = kThreads / S::kChunksPerRow;
         const uint32_t row = rows[i * kRowsApart];
-        const bool found = row != kNoRow;
+        const bool found = row != internal::kNoCacheRow;
         const uint64_t at = static_cast<uint64_t>(found ? row : 0u) * S::kRowBytes;
         CopyAsync16(k_stage + i * kThreads * 16, k_source + at, found ? 16 : 0);
         CopyAsync16(k_stage + S::kTileBytes + i * kThreads * 16, v_source + at, found ? 16 : 0);
@@ -217,8 +192,12 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
       for (int p = 0; p < kPasses; ++p) {
         const uint32_t row = row_ring[tile % S::kRowRing][p * S::kSubgroups + subgroup];
         constexpr float kFactor = internal::kKvDecodeFactor<Kv>;
-        ks[p] = row != kNoRow ? internal::Bf16BitsToFloat(args.k_scale[row]) * kFactor : 0.0f;
-        vs[p] = row != kNoRow ? internal::Bf16BitsToFloat(args.v_scale[row]) * kFactor : 0.0f;
+        ks[p] = row != internal::kNoCacheRow
+                    ? internal::Bf16BitsToFloat(args.k_scale[row]) * kFactor
+                    : 0.0f;
+        vs[p] = row != internal::kNoCacheRow
+                    ? internal::Bf16BitsToFloat(args.v_scale[row]) * kFactor
+                    : 0.0f;
       }
     } else {
       (void)tile, (void)ks, (void)vs;
@@ -242,7 +221,7 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int t = p * S::kSubgroups + subgroup;
-      const bool valid = row_ring[tile % S::kRowRing][t] != kNoRow;
+      const bool valid = row_ring[tile % S::kRowRing][t] != internal::kNoCacheRow;
       float k[8];
       LoadShared8(k_tile + t * kHeadDim + sub_lane * 8, k);
 #pragma unroll

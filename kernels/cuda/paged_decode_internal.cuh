@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/launch_internal.cuh"
 
 namespace loom::kernels::cuda::internal {
@@ -63,6 +64,48 @@ __device__ __forceinline__ DecodeSpan DecodeSpanOf(const DecodeArgs& args, int s
   span.table_len = args.block_indptr[seq + 1] - span.table_begin;
   return span;
 }
+
+/// Tile rows to cache rows for the decode kernels: thread `row` < the tile resolves row `row`
+/// of each of the span's tiles in turn, with one block-table load per row (not per 16-byte
+/// copy); its position's block-table index and offset are worked out with one division and
+/// then advanced by a tile's positions per tile.
+class TileRowResolver {
+ public:
+  /// For the row at `position` of the first tile, with tiles of `tile` positions.
+  __device__ __forceinline__ TileRowResolver(int position, int block_size, int tile)
+      : index_(position / block_size),
+        offset_(position - index_ * block_size),
+        step_blocks_(tile / block_size),
+        step_offset_(tile - step_blocks_ * block_size) {}
+
+  /// This row's cache row in the next tile: kNoCacheRow past the span's end (`in_span` false)
+  /// or where the table has no valid entry (which sets `bad`).
+  __device__ __forceinline__ uint32_t Next(const DecodeArgs& args, const DecodeSpan& span,
+                                           bool in_span, int kv_head, bool& bad) {
+    uint32_t row = kNoCacheRow;
+    if (in_span) {
+      const int block =
+          index_ < span.table_len ? args.block_indices[span.table_begin + index_] : -1;
+      if (block >= 0 && block < args.num_blocks) {
+        row = (static_cast<uint32_t>(block) * args.block_size + offset_) * args.num_kv_heads +
+              kv_head;
+      } else {
+        bad = true;
+      }
+    }
+    index_ += step_blocks_;
+    offset_ += step_offset_;
+    if (offset_ >= args.block_size) {
+      offset_ -= args.block_size;
+      ++index_;
+    }
+    return row;
+  }
+
+ private:
+  int index_, offset_;
+  int step_blocks_, step_offset_;
+};
 
 // exp(x - base) where base is -inf when nothing was attended yet (then 0, not NaN).
 __device__ __forceinline__ float ExpFrom(float x, float max) {

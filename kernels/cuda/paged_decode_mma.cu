@@ -32,21 +32,22 @@
 // grew (exact: the factor is 1 otherwise), and only a tile that runs past the span's end masks.
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/paged_decode_internal.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/mma_internal.cuh"
 #include "kernels/cuda/paged_attention_internal.h"
+#include "kernels/cuda/paged_decode_internal.cuh"
 #include "kernels/cuda/paged_decode_mma.h"
 
 namespace loom::kernels::cuda {
 namespace {
 
-using internal::CopyAsync16If;
+using internal::CopyAsync16;
 using internal::CopyAsyncCommit;
 using internal::CopyAsyncWait;
 using internal::LoadMatrixX4;
@@ -60,9 +61,7 @@ constexpr int kHeadDim = 128;
 constexpr int kMaxGroup = 16;                          // query heads: the rows of one m16 tile
 constexpr int kTile = 16 * kWarps;                     // tokens per tile, 16 per warp
 constexpr int kStages = 3;                             // >= 3: tile t + 2 loads while t computes
-constexpr int kRowRing = 4;                            // >= kStages + 1, a power of two
-static_assert(kRowRing >= kStages + 1 && (kRowRing & (kRowRing - 1)) == 0);
-constexpr uint32_t kNoRow = 0xffffffffu;               // a tile row past the span's end
+constexpr int kRowRing = std::bit_ceil(unsigned{kStages} + 1);  // tile rows' ring: see below
 constexpr int kChunks = kHeadDim * 2 / 16;             // 16-byte chunks per K or V row
 constexpr int kTileBytes = kTile * kHeadDim * 2;       // 16 KiB
 constexpr int kStageBytes = 2 * kTileBytes;            // K, then V
@@ -89,10 +88,9 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     PagedDecodeMmaKernel(internal::DecodeArgs args, bool q_f32) {
   extern __shared__ __align__(16) uint8_t ring[];
-  // Each tile's rows as slot * num_kv_heads (the cache row of the slot's first KV head; kNoRow:
-  // none), resolved through the block table once per row, a tile ahead of their copies:
-  // kRowRing >= kStages + 1 entries, so that a tile's entry is written while the tile before
-  // it is issued.
+  // Each tile's rows as cache rows (internal::TileRowResolver; kNoCacheRow when none), resolved
+  // a tile ahead of their copies: kRowRing >= kStages + 1 entries, so that a tile's entry is
+  // written while the tile before it is issued.
   __shared__ uint32_t row_ring[kRowRing][kTile];
   __shared__ float warp_max[kWarps][kMaxGroup], warp_sum[kWarps][kMaxGroup];
 
@@ -126,45 +124,21 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // ---- the rows: thread `row` < kTile resolves row `row` of each tile in turn. Its position's
-  // block-table index and offset start with one division and then advance by kTile per tile.
+  // ---- the rows: thread `row` < kTile resolves row `row` of each tile in turn.
   bool bad = false;  // a table the host failed to validate
-  int index = 0, offset = 0, step_blocks = 0, step_offset = 0;
-  if (threadIdx.x < kTile) {
-    index = (begin + threadIdx.x) / args.block_size;
-    offset = begin + threadIdx.x - index * args.block_size;
-    step_blocks = kTile / args.block_size;
-    step_offset = kTile - step_blocks * args.block_size;
-  }
+  internal::TileRowResolver resolver(begin + static_cast<int>(threadIdx.x), args.block_size, kTile);
   auto resolve = [&](int tile) {
     if (tile >= num_tiles || threadIdx.x >= kTile) return;
-    uint32_t row = kNoRow;
-    if (tile * kTile + static_cast<int>(threadIdx.x) < length) {
-      const int block = index < span.table_len ? args.block_indices[span.table_begin + index] : -1;
-      if (block >= 0 && block < args.num_blocks) {
-        // < kNoRow: the pool's rows are counted in 32 bits (PagedDecodeMmaSupports).
-        row = (static_cast<uint32_t>(block) * args.block_size + offset) * args.num_kv_heads;
-      } else {
-        bad = true;
-      }
-    }
-    row_ring[tile % kRowRing][threadIdx.x] = row;
-    index += step_blocks;
-    offset += step_offset;
-    if (offset >= args.block_size) {
-      offset -= args.block_size;
-      ++index;
-    }
+    const bool in_span = tile * kTile + static_cast<int>(threadIdx.x) < length;
+    row_ring[tile % kRowRing][threadIdx.x] = resolver.Next(args, span, in_span, kv_head, bad);
   };
   // ---- the ring: thread i copies column i % 16 of rows i / 16 + 8 j of each tile (the same
   // swizzle for every j: row + 8 j keeps row & 7), from the rows resolved a tile earlier.
   const uint32_t ring_at = internal::SharedAddress(ring);
   const int copy_row = threadIdx.x / kChunks, column = threadIdx.x % kChunks;
   const uint32_t copy_at = ring_at + Swizzled(copy_row, column);
-  const uint8_t* k_source =
-      static_cast<const uint8_t*>(args.k_cache) + kv_head * (kHeadDim * 2) + column * 16;
-  const uint8_t* v_source =
-      static_cast<const uint8_t*>(args.v_cache) + kv_head * (kHeadDim * 2) + column * 16;
+  const uint8_t* k_source = static_cast<const uint8_t*>(args.k_cache) + column * 16;
+  const uint8_t* v_source = static_cast<const uint8_t*>(args.v_cache) + column * 16;
   auto issue = [&](int tile) {
     if (tile < num_tiles) {
       const uint32_t k_stage = copy_at + (tile % kStages) * kStageBytes;
@@ -173,12 +147,11 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < kTile * kChunks / kThreads; ++i) {
         constexpr int kRowsApart = kThreads / kChunks;  // a thread's rows, 8 apart
         const uint32_t row = rows[i * kRowsApart];
-        const bool read = row != kNoRow;
-        const uint32_t from = read ? row : 0u;
+        const bool read = row != internal::kNoCacheRow;
+        const uint64_t at = static_cast<uint64_t>(read ? row : 0u) * (kHeadDim * 2);
         const uint32_t to = k_stage + i * kRowsApart * kChunks * 16;
-        CopyAsync16If(to, k_source + static_cast<uint64_t>(from) * (kHeadDim * 2), read);
-        CopyAsync16If(to + kTileBytes, v_source + static_cast<uint64_t>(from) * (kHeadDim * 2),
-                      read);
+        CopyAsync16(to, k_source + at, read ? 16 : 0);
+        CopyAsync16(to + kTileBytes, v_source + at, read ? 16 : 0);
       }
     }
     CopyAsyncCommit();  // an empty group past the last tile keeps the wait counts uniform
@@ -373,9 +346,7 @@ absl::StatusOr<int> ResidentBlocksPerSm() {
 }  // namespace
 
 bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
-  const int64_t rows = p.cache.num_blocks * p.cache.block_size * p.cache.num_kv_heads;
-  return rows < int64_t{kNoRow} && p.cache.head_dim == kHeadDim &&
-         p.cache.quant == KvQuant::kNone &&
+  return p.cache.head_dim == kHeadDim && p.cache.quant == KvQuant::kNone &&
          (p.cache.dtype == DataType::kF16 || p.cache.dtype == DataType::kBF16) &&
          (p.q_dtype == p.cache.dtype || p.q_dtype == DataType::kF32) &&
          p.num_heads / p.cache.num_kv_heads <= kMaxGroup;

@@ -26,8 +26,7 @@ absl::StatusOr<int> PlanDecodeSplits(const PagedDecodeParams& params, int64_t bl
                                      int resident, DecodeArgs& args);
 
 /// Whether LaunchPagedDecodeMma takes these (checked) params: head dim 128, F16 or BF16 K/V
-/// with a query of the same type or F32, at most 16 query heads per KV head, fewer than 2^32 - 1
-/// cache rows (slots x KV heads).
+/// with a query of the same type or F32, at most 16 query heads per KV head.
 bool PagedDecodeMmaSupports(const PagedDecodeParams& params);
 
 /// LaunchPagedDecode's semantics (windows, soft-capping, sinks, splits and their workspace,

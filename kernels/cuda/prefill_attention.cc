@@ -40,12 +40,6 @@ absl::Status CheckPagedPrefillParams(const PagedPrefillParams& p) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedPrefill: num_kv_heads %d exceeds 65535", p.cache.num_kv_heads));
   }
-  // The kernel counts the pool's rows (slot x KV head) in 32 bits.
-  if (p.cache.num_blocks * p.cache.block_size * p.cache.num_kv_heads >= int64_t{0xffffffff}) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedPrefill: %d blocks x %d slots x %d KV heads is 2^32 cache rows or more",
-        p.cache.num_blocks, p.cache.block_size, p.cache.num_kv_heads));
-  }
   if (p.q_stride != 0 && (p.q_stride < p.num_heads * p.cache.head_dim || p.q_stride % 8 != 0)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedPrefill: q_stride %d must be a multiple of 8 and at least a row of %d", p.q_stride,

@@ -196,14 +196,13 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   T* q_shared = reinterpret_cast<T*>(shared_raw);  // [kRows][kStride]
   T* k_shared = q_shared + kRows * kStride;        // [2][kBlockN][kStride]
   T* v_shared = k_shared + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
-  // Each KV tile's rows as cache rows (slot x num_kv_heads + kv_head: fewer than 2^32 - 1,
-  // CheckPagedPrefillParams), resolved through the block table once per row: kNoRow for a
-  // row past the tile's positions or one the table cannot resolve (zero-filled). A row's
+  // Each KV tile's rows as cache rows (slot x num_kv_heads + kv_head), resolved through the
+  // block table once per row: kNoCacheRow for a row past the tile's positions or one the table
+  // cannot resolve (zero-filled). A row's
   // entry sits in its K row's padding (columns kHeadDim .., which no copy or ldmatrix
   // touches), so the entries take no shared memory of their own (head dim 256 fills the
   // 99 KiB that sm_86 and sm_89 allow a block).
-  constexpr uint32_t kNoRow = 0xffffffffu;
-  auto slot_of = [&](int buffer, int row) -> uint32_t& {
+  auto row_of = [&](int buffer, int row) -> uint32_t& {
     return *reinterpret_cast<uint32_t*>(k_shared + (buffer * kBlockN + row) * kStride + kHeadDim);
   };
 
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     };
     auto resolve_slot = [&](int kv_tile, int entry) {
       if (threadIdx.x >= kBlockN) return;
-      uint32_t row = kNoRow;
+      uint32_t row = internal::kNoCacheRow;
       if (in_tile(kv_tile)) {
         if (entry >= 0 && entry < args.num_blocks) {
           const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
@@ -278,7 +277,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
           bad = true;  // a table the host failed to validate (any entry outside the pool)
         }
       }
-      slot_of(kv_tile & 1, threadIdx.x) = row;
+      row_of(kv_tile & 1, threadIdx.x) = row;
     };
     // One KV tile's K and V rows into buffer kv_tile & 1 from its resolved rows. Thread
     // threadIdx.x copies chunk threadIdx.x % kChunks of rows threadIdx.x / kChunks + i
@@ -294,8 +293,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 #pragma unroll
       for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
         const int r = i * (kThreads / kChunks) + static_cast<int>(threadIdx.x) / kChunks;
-        const uint32_t row = slot_of(buffer, r);
-        const bool found = row != kNoRow;
+        const uint32_t row = row_of(buffer, r);
+        const bool found = row != internal::kNoCacheRow;
         const uint64_t offset = static_cast<uint64_t>(found ? row : 0u) * kHeadDim;
         if constexpr (internal::kIsKvCode<Code>) {
           uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);

@@ -809,9 +809,9 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kScales, kConfig>::kThrea
   } else {
     // Prologue: the first kStages - 1 steps in flight (one commit group per step, empty groups past
     // the end so that wait_group counts stay uniform).
-#pragma unroll
     typename B::Loader loader = B::MakeLoader(args, step_begin, row_tile0, m0);
     const typename B::Operands operands = B::OperandsOf(wn, wm, wk);
+#pragma unroll
     for (int s = 0; s < S::kStages - 1; ++s) {
       if (s < num_steps) B::LoadStage(args, loader, smem + s * S::kStageBytes, step_begin + s);
       CopyAsyncCommit();
