@@ -36,6 +36,20 @@ absl::Status CheckNumBlocks(const char* kernel, int num_blocks) {
   return absl::OkStatus();
 }
 
+// Two thread blocks writing one block would race: at most 64 entries, so pairwise.
+absl::Status CheckWrittenOnce(const char* kernel, const char* name, const int32_t* blocks,
+                              int num_blocks) {
+  for (int i = 0; i < num_blocks; ++i) {
+    for (int j = 0; j < i; ++j) {
+      if (blocks[j] == blocks[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: %s[%d] %d repeats %s[%d]", kernel, name, i, blocks[i], name, j));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t KvBlockCopySlotBytes(const KvBlockCopyParams& p) {
@@ -58,7 +72,9 @@ absl::Status CheckKvBlockCopyParams(const KvBlockCopyParams& p) {
           "KvBlockCopy: block %d (entry %d) outside the pools' %d", p.blocks[i], i, p.pool_blocks));
     }
   }
-  return absl::OkStatus();
+  // Gathering a block twice is harmless; scattering two slots into one is a race.
+  return p.to_staging ? absl::OkStatus()
+                      : CheckWrittenOnce("KvBlockCopy", "blocks", p.blocks, p.num_blocks);
 }
 
 namespace {
@@ -115,15 +131,8 @@ absl::Status CheckKvPoolCopyParams(const KvPoolCopyParams& p) {
           absl::StrFormat("KvPoolCopy: dest_blocks[%d] %d outside the destination pool's %d blocks",
                           i, p.dest_blocks[i], p.dest_pool_blocks));
     }
-    // Two thread blocks writing one block would race: at most 64 entries, so pairwise.
-    for (int j = 0; j < i; ++j) {
-      if (p.dest_blocks[j] == p.dest_blocks[i]) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "KvPoolCopy: dest_blocks[%d] %d repeats dest_blocks[%d]", i, p.dest_blocks[i], j));
-      }
-    }
   }
-  return absl::OkStatus();
+  return CheckWrittenOnce("KvPoolCopy", "dest_blocks", p.dest_blocks, p.num_blocks);
 }
 
 absl::Status KvPoolCopyOnHost(const KvPoolCopyParams& p) {

@@ -113,6 +113,15 @@ TEST(KvBlockCopyParamsTest, RefusesBadShapesAndBlocksOutsideThePools) {
   EXPECT_TRUE(refused(p));
   p.num_blocks = 0;  // nothing to move: no pointers needed
   EXPECT_TRUE(CheckKvBlockCopyParams(p).ok());
+  // A block named twice: gathered twice is fine, scattered twice (two slots racing into one
+  // block) refused.
+  p = good;
+  p.blocks[1] = 3;
+  EXPECT_TRUE(CheckKvBlockCopyParams(p).ok());
+  p.to_staging = false;
+  EXPECT_NE(CheckKvBlockCopyParams(p).message().find("blocks[1] 3 repeats blocks[0]"),
+            std::string::npos)
+      << CheckKvBlockCopyParams(p);
 }
 
 KvPoolCopyParams GoodPoolCopy(uint8_t* const* src_parts, uint8_t* const* dest_parts) {
