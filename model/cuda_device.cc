@@ -268,7 +268,7 @@ absl::Status SubmitCopies(const std::vector<void*>& dsts, const std::vector<cons
                           const std::vector<size_t>& sizes, cudaMemcpyKind kind,
                           cudaStream_t stream) {
   size_t done = 0;
-#if CUDART_VERSION >= 12080
+#if CUDART_VERSION >= 13000  // 12.8 and 12.9 declare another signature (a failIdx argument)
   constexpr size_t kBatch = 4096;
   cudaMemcpyAttributes attributes{};
   attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // after the steps enqueued
