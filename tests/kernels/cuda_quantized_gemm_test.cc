@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -703,7 +704,7 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
     // its (row, group), over a wide range so that a scale applied to the wrong group, row or
     // lane shows; the kernel's value is the F32 fma rounded once to T.
     std::mt19937 rng(seed + 2);
-    std::uniform_int_distribution<int> value(-127, 127);
+    std::uniform_int_distribution<int> value(-128, 127);
     std::uniform_real_distribution<float> exponent(-12.0f, -4.0f), min(-0.3f, 0.3f);
     std::vector<int8_t> q(c.n * c.k);
     for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
@@ -732,7 +733,7 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
     // Group-wise INT8 (GGUF Q8_0's form): value = q * scale of its (row, group), scales over
     // a wide range so that a scale applied to the wrong group or row shows.
     std::mt19937 rng(seed + 2);
-    std::uniform_int_distribution<int> value(-127, 127);
+    std::uniform_int_distribution<int> value(-128, 127);
     std::uniform_real_distribution<float> exponent(-12.0f, -4.0f);
     std::vector<int8_t> q(c.n * c.k);
     for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
@@ -896,7 +897,7 @@ TEST(CudaQuantGemmTest, Int4MatchesReferenceOverShapeSweep) {
   uint32_t seed = 100;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
     for (int64_t group : {16, 32, 64, 128}) {  // 16: GGUF Q3_K, Q2_K
-      for (int64_t m : {1, 3, 16, 64, 256}) {
+      for (int64_t m : {1, 3, 16, 23, 64, 100, 256}) {  // 23, 100: the tile_m32/m64 configs
         // n = 96: partial row tiles in every config; k = 256: fewer steps than stages.
         for (const auto& [n, k] :
              std::vector<std::pair<int64_t, int64_t>>{{96, 256}, {256, 1024}}) {
@@ -984,6 +985,20 @@ TEST(CudaQuantGemmTest, EveryCandidateMatchesReference) {
       split.candidate = index;
       RunGemmCase(split, seed++);
       if (HasFatalFailure()) return;
+      // The deep-ring (_sN) and direct (d_) members at k = 4224 (33 groups of 128): a split's
+      // steps outnumber the deepest ring (8) and the direct members' rounds, so rings wrap and
+      // sources advance a round; the last step is part empty (66 chunks of 64 against steps
+      // of 4 or 8 chunks); n = 272 (17 row tiles) leaves a fragment pair half empty.
+      const std::string_view name = QuantGemmCandidateTile(index).name;
+      const bool rounds = name.find("_s") != std::string_view::npos || name.substr(0, 2) == "d_";
+      for (const auto& [m, splits] : {std::pair<int64_t, int>{1, 1}, {block_m - 1, 2}}) {
+        if (!rounds) break;
+        GemmCase deep{format, DataType::kF16, std::max<int64_t>(m, 1), 272, 4224, group,
+                      true,   splits};
+        deep.candidate = index;
+        RunGemmCase(deep, seed++);
+        if (HasFatalFailure()) return;
+      }
       ++launched;
     }
   }
