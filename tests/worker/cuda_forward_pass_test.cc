@@ -1226,6 +1226,46 @@ TEST_F(CudaForwardPassSamplingTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
   EXPECT_EQ(SampleCode(*sampling_pass, batch, rows), absl::StatusCode::kInvalidArgument);
 }
 
+// Device sampling of decode steps that run as CUDA graphs: 3 sequences (graph bucket 4, one
+// padding row in the logits the sampler reads) through a warm-up, a capture and replays, each
+// greedy token exactly the argmax of an eager forward pass's logits for the same step (the
+// graphs replay the eager bits); every token fed back to both.
+TEST_F(CudaForwardPassSamplingTest, DeviceSamplingOfGraphedDecodeStepsPicksTheEagerArgmax) {
+  std::unique_ptr<CudaForwardPass> eager = NewGpuForwardPass(*gguf_, false);
+  ASSERT_NE(eager, nullptr);
+  CudaForwardPass* graphs = sampling_pass_.get();
+  const int64_t vocab = vocab_;
+  std::vector<TestSequence> seqs(3);
+  seqs[0].tokens = {1, 2, 3, 4};
+  seqs[1].tokens = {9, 8};
+  seqs[2].tokens = {5, 6, 7};
+  StepDriver driver;
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    StepBatch batch;
+    for (TestSequence& seq : seqs) {
+      driver.Add(batch, seq, step == 0 ? static_cast<int64_t>(seq.tokens.size()) : 1, true);
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE(eager->Step(batch, logits).ok());
+    ASSERT_EQ(logits.size(), seqs.size() * static_cast<size_t>(vocab));
+    DeviceSampleRows rows;
+    for (int i = 0; i < 3; ++i) AddDeviceRow(rows, batch, i, SamplingParams{});
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs, host_logits;
+    const absl::Status sampled = graphs->StepAndSample(batch, rows, tokens, logprobs, host_logits);
+    ASSERT_TRUE(sampled.ok()) << sampled;
+    ASSERT_EQ(tokens.size(), seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const float* row = logits.data() + i * vocab;
+      EXPECT_EQ(tokens[i], std::max_element(row, row + vocab) - row) << "row " << i;
+      seqs[i].tokens.push_back(tokens[i]);
+    }
+  }
+  EXPECT_EQ(graphs->stats().graph_captures, 1);
+  EXPECT_GE(graphs->stats().graph_replays, 3);
+}
+
 // A draft model's distributions verified on the device (DeviceSampleRows::verifies) under top-k
 // 2: a first draft that is its row's argmax with little draft mass is always accepted, a second
 // outside its row's top 2 (target p 0) always rejected, the correction drawn from that row's top
