@@ -575,7 +575,8 @@ absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& p, int index,
     if (!internal::PagedDecodeMmaSupports(p)) {
       return absl::UnimplementedError(
           "PagedDecode candidate mma_t64_s3: head dim 128, F16 or BF16 K/V with a query of the "
-          "same type or F32, at most 16 query heads per KV head");
+          "same type or F32, at most 16 query heads per KV head, query rows aligned to two "
+          "elements");
     }
     return p.num_seqs == 0 ? absl::OkStatus() : internal::LaunchPagedDecodeMma(p, stream);
   }

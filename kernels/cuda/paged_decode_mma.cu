@@ -346,10 +346,14 @@ absl::StatusOr<int> ResidentBlocksPerSm() {
 }  // namespace
 
 bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
+  // The query is read two elements at a time (float2 / 32 bits): its rows must keep that
+  // alignment, which CheckPagedDecodeParams does not ask of the FMA kernel.
+  const uintptr_t pair_bytes = p.q_dtype == DataType::kF32 ? 8 : 4;
   return p.cache.head_dim == kHeadDim && p.cache.quant == KvQuant::kNone &&
          (p.cache.dtype == DataType::kF16 || p.cache.dtype == DataType::kBF16) &&
          (p.q_dtype == p.cache.dtype || p.q_dtype == DataType::kF32) &&
-         p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
+         p.num_heads / p.cache.num_kv_heads <= kMaxGroup && p.q_stride % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(p.q) % pair_bytes == 0;
 }
 
 namespace {

@@ -26,7 +26,8 @@ absl::StatusOr<int> PlanDecodeSplits(const PagedDecodeParams& params, int64_t bl
                                      int resident, DecodeArgs& args);
 
 /// Whether LaunchPagedDecodeMma takes these (checked) params: head dim 128, F16 or BF16 K/V
-/// with a query of the same type or F32, at most 16 query heads per KV head.
+/// with a query of the same type or F32, at most 16 query heads per KV head, query rows aligned
+/// to two of their elements (an even q_stride, the base likewise aligned).
 bool PagedDecodeMmaSupports(const PagedDecodeParams& params);
 
 /// LaunchPagedDecode's semantics (windows, soft-capping, sinks, splits and their workspace,

@@ -4,6 +4,7 @@
 # tests/gpu/bundle.sh made, then runs, each under its own limit,
 #   1. tests     every tuning-space member against its CPU reference
 #                (loom_kernels_tests --gtest_filter='*.EveryCandidate*')
+#   1b. racecheck the tensor-core decode candidate on a small batch under compute-sanitizer
 #   2. gemm      quantized_gemm_bench --sweep: the quantized GEMM's table against its
 #                candidates at m = 1-256 on Llama-3-8B's shapes, W4A16 and W8A16
 #   3. attention cuda_attention_bench --sweep: decode attention's tilings at batch 1-128 x
@@ -46,8 +47,8 @@ for bin in loom_kernels_tests quantized_gemm_bench cuda_attention_bench cuda_for
 done
 # The limits add up to 265 s (the call's timeout_s is 300): the GEMM's sweep took 25 s on the
 # H200; the profile step gives its three benchmarks 20, 24 and 30 s under ncu.
-STEPS=(tests gemm attention profile)
-declare -A LIMIT=([tests]=55 [gemm]=55 [attention]=75 [profile]=80)
+STEPS=(tests racecheck gemm attention profile)
+declare -A LIMIT=([tests]=55 [racecheck]=20 [gemm]=55 [attention]=75 [profile]=80)
 if ((DRY_RUN)); then
   echo "steps:"
   for step in "${STEPS[@]}"; do printf '  %-10s %3d s\n' "$step" "${LIMIT[$step]}"; done
@@ -69,6 +70,17 @@ run_step() {  # run_step NAME OUTPUT-FILE COMMAND...
 run_step tests "$OUT/candidate_tests.txt" "$WORK/bin/loom_kernels_tests" \
   --gtest_filter='*.EveryCandidate*'
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/candidate_tests.txt"
+# The tensor-core decode kernel's rings under racecheck (quick.sh's sanitizer subset runs the
+# dispatched kernels only).
+SANITIZER="$(command -v compute-sanitizer || echo "$CUDA_ROOT/bin/compute-sanitizer")"
+if [[ -x "$SANITIZER" ]]; then
+  run_step racecheck "$OUT/candidate_tests.txt" "$SANITIZER" --tool racecheck --error-exitcode 99 \
+    --print-limit 20 "$WORK/bin/loom_kernels_tests" \
+    --gtest_filter='CudaPagedDecodeTest.TensorCoreCandidateOnASmallBatch'
+  tail -n 5 "$OUT/candidate_tests.txt"
+else
+  echo "[sweep] racecheck: compute-sanitizer not found"
+fi
 run_step gemm "$OUT/sweep.txt" env OUT="$OUT" "$WORK/bin/quantized_gemm_bench" --sweep
 run_step attention "$OUT/sweep.txt" env OUT="$OUT" "$WORK/bin/cuda_attention_bench" --sweep
 cat "$OUT/sweep.txt"

@@ -34,6 +34,23 @@ PagedDecodeParams ValidParams(void* some_device_pointer) {
   return p;
 }
 
+// The tensor-core candidate reads the query two elements at a time: rows that break that
+// alignment (an odd q_stride, a base off by one element) are refused before any launch, for
+// the dispatched kernel to take.
+TEST(CudaPagedDecodeTest, TensorCoreCandidateRefusesQueryRowsItCannotReadInPairs) {
+  alignas(16) int32_t storage[64] = {};
+  const int mma = PagedDecodeCandidateCount() - 1;
+  PagedDecodeParams p = ValidParams(storage);
+  p.q_stride = p.num_heads * p.cache.head_dim + 1;
+  EXPECT_EQ(LaunchPagedDecodeCandidate(p, mma, nullptr).code(), absl::StatusCode::kUnimplemented);
+  p = ValidParams(storage);
+  p.q = reinterpret_cast<const char*>(storage) + 2;  // F16: one element off
+  EXPECT_EQ(LaunchPagedDecodeCandidate(p, mma, nullptr).code(), absl::StatusCode::kUnimplemented);
+  p.q_dtype = DataType::kF32;
+  p.q = storage + 1;  // F32: one element off, 4 bytes past an 8-byte boundary
+  EXPECT_EQ(LaunchPagedDecodeCandidate(p, mma, nullptr).code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(CudaPagedDecodeTest, RejectsUnsupportedShapesBeforeLaunch) {
   alignas(16) int32_t storage[64] = {};
   ASSERT_TRUE(CheckPagedDecodeParams(ValidParams(storage)).ok())
@@ -144,6 +161,9 @@ struct DecodeCase {
   int num_splits;      // 0: heuristic
   int candidate = -1;  // >= 0: LaunchPagedDecodeCandidate with this tiling
   double abs_tolerance = 5e-5;
+  // The bound passed as max_context_len; 0: the longest context. Below it, a sequence is
+  // still attended in full (its last split runs longer).
+  int64_t max_context_len = 0;
 };
 
 // One decode check: the same K/V twice, as floats for cpu::PagedAttentionReference
@@ -158,6 +178,7 @@ struct DecodeCheck {
   int64_t window = 0;  // sliding window; 0: none
   float softcap = 0.0f;
   std::vector<float> sinks;  // [num_heads] attention sinks; empty: none
+  int64_t max_context_len = 0;  // 0: the longest context
   std::vector<int32_t> context_lens, indptr;
   std::vector<float> q;  // [num_seqs, num_heads * head_dim], already rounded to q_type
   const testing_util::HostCache* host_cache = nullptr;
@@ -223,7 +244,9 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   p.window = c.window;
   p.softcap = c.softcap;
   p.sinks = static_cast<const float*>(d_sinks.data());
-  p.max_context_len = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+  p.max_context_len = c.max_context_len > 0
+                          ? c.max_context_len
+                          : *std::max_element(c.context_lens.begin(), c.context_lens.end());
   p.num_splits = c.num_splits;
   DeviceBuffer workspace;
   if (const size_t bytes = PagedDecodeWorkspaceBytes(p); bytes > 0) {
@@ -263,10 +286,10 @@ std::vector<float> RandomSinks(int64_t num_heads, uint32_t seed) {
 }
 
 // One decode step over a pool of shuffled blocks, with spare table entries past the needed
-// ones. With a window, the device table names blocks outside the pool for every block
-// wholly before the window (as freed ones, whose ids the worker may still hold): reading
-// one would make that sequence's output NaN. With `sinks`, random attention sinks per query
-// head (RandomSinks).
+// ones; every slot no sequence attends holds NaN (PoisonUnattended). With a window, the device
+// table names blocks outside the pool for every block wholly before the window (as freed ones,
+// whose ids the worker may still hold): reading one would make that sequence's output NaN. With
+// `sinks`, random attention sinks per query head (RandomSinks).
 void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed,
                    int64_t window = 0, float softcap = 0.0f, bool sinks = false) {
   SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap
@@ -286,6 +309,7 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
   check.num_splits = c.num_splits;
   check.candidate = c.candidate;
   check.abs_tolerance = c.abs_tolerance;
+  check.max_context_len = c.max_context_len;
   check.window = window;
   check.softcap = softcap;
   if (sinks) check.sinks = RandomSinks(c.num_kv_heads * c.group, seed + 5);
@@ -312,7 +336,12 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
     }
   }
   const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * c.head_dim;
-  const testing_util::HostCache cache = testing_util::RandomCache(kv, pool, seed + 1);
+  testing_util::HostCache cache = testing_util::RandomCache(kv, pool, seed + 1);
+  testing_util::PoisonUnattended(
+      kv, c.num_kv_heads * c.head_dim,
+      testing_util::AttendedSlots(num_blocks, c.block_size, c.context_lens, check.indptr,
+                                  check.host_indices),
+      cache);
   check.host_cache = &cache;
   check.host_num_blocks = check.device_num_blocks = num_blocks;
   // Queries up to +-2 make the softmax peaked enough that a lost token shows.
@@ -366,6 +395,30 @@ TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
         if (testing_util::SmallGpuTestSize() && longest > 2048) continue;
         RunDecodeCase(c, kv, q_type, seed += 7);
       }
+    }
+  }
+}
+
+// Blocks longer than a tile (16 tokens at head dim 256, 32 at 128: a tile's rows move to the
+// next block by the offset's carry, not by whole blocks a tile), and a max_context_len below
+// a sequence's context (a stale bound: that sequence is still attended in full, its last split
+// running longer), with heuristic and forced splits.
+TEST(CudaPagedDecodeTest, LongBlocksAndStaleContextBoundsMatchTheReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<DecodeCase> cases = {
+      {2, 4, 256, 32, {1, 40, 700}, 0},
+      {2, 4, 256, 64, {63, 65, 1030}, 3},
+      {2, 4, 128, 64, {1, 100, 1000}, 0},
+      {1, 8, 64, 128, {5, 300}, 2},
+      {2, 4, 128, 16, {900, 30}, 0, -1, 5e-5, 300},
+      {2, 4, 128, 16, {900, 30}, 4, -1, 5e-5, 300},
+      {1, 8, 64, 16, {2049, 7}, 0, -1, 5e-5, 64},
+  };
+  uint32_t seed = 1100;
+  for (DataType kv : {DataType::kF16, DataType::kBF16}) {
+    for (const DecodeCase& c : cases) {
+      RunDecodeCase(c, kv, DataType::kF32, seed += 7);
+      if (HasFatalFailure()) return;
     }
   }
 }
@@ -513,52 +566,66 @@ TEST(CudaPagedDecodeTest, PoolOverTwoToThe31ElementsAddressesTheTopBlocks) {
   ExpectDecodeMatchesReference(check);
 }
 
-// A table that is too short, or names a block outside the pool, makes that sequence's
-// output NaN (never a read outside the pool, never a plausible wrong value); the other
-// sequences are unaffected.
+// A table that is too short, or names a block outside the pool (past its end or negative),
+// makes that sequence's output NaN (never a read outside the pool, never a plausible wrong
+// value); the other sequences are unaffected. The dispatched kernel at head dims 64 and 128,
+// and the tensor-core candidate.
 TEST(CudaPagedDecodeTest, BadBlockTableYieldsNanForThatSequenceOnly) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
-  for (int splits : {1, 3}) {
-    SCOPED_TRACE(testing::Message() << "splits=" << splits);
-    const int64_t num_blocks = 8, block_size = 16, kv_heads = 1, group = 2, d = 64;
-    const int64_t pool = num_blocks * block_size * kv_heads * d;
-    testing_util::HostCache cache = testing_util::RandomCache(DataType::kF16, pool, 5);
-    std::vector<int32_t> context_lens{40, 40, 40};
-    // Sequence 0 is fine, 1 names block 8 (outside), 2 has two blocks for 40 tokens.
-    std::vector<int32_t> indptr{0, 3, 6, 8};
-    std::vector<int32_t> indices{0, 1, 2, 3, 8, 4, 5, 6};
-    std::vector<float> q = testing_util::RandomFloats(3 * group * d, 6);
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(DataType::kF32, q));
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
-    PagedDecodeParams p;
-    p.q = d_q.data();
-    p.out = d_out.data();
-    p.q_dtype = DataType::kF32;
-    p.cache = {d_k.data(), d_v.data(), DataType::kF16, num_blocks, block_size, kv_heads, d};
-    p.context_len = static_cast<const int32_t*>(d_len.data());
-    p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
-    p.block_indices = static_cast<const int32_t*>(d_indices.data());
-    p.num_seqs = 3;
-    p.num_heads = group;
-    p.scale = 0.125f;
-    p.max_context_len = 40;
-    p.num_splits = splits;
-    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer workspace,
-                              DeviceBuffer::Allocate(PagedDecodeWorkspaceBytes(p) + 4));
-    p.workspace = workspace.data();
-    p.workspace_bytes = workspace.bytes();
-    ASSERT_TRUE(LaunchPagedDecode(p, nullptr).ok());
-    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
-    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                              testing_util::Download(d_out, DataType::kF32, q.size()));
-    const int64_t row = group * d;
-    for (int64_t i = 0; i < row; ++i) ASSERT_FALSE(std::isnan(out[i])) << i;
-    for (int64_t i = row; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  struct Kernel {
+    int64_t head_dim;
+    int candidate;  // -1: LaunchPagedDecode
+  };
+  const int mma = PagedDecodeCandidateCount() - 1;
+  for (const auto& [d, candidate] : {Kernel{64, -1}, Kernel{128, -1}, Kernel{128, mma}}) {
+    for (int splits : {1, 3}) {
+      SCOPED_TRACE(testing::Message()
+                   << "head_dim=" << d << " candidate=" << candidate << " splits=" << splits);
+      const int64_t num_blocks = 8, block_size = 16, kv_heads = 1, group = 2;
+      const int64_t pool = num_blocks * block_size * kv_heads * d;
+      testing_util::HostCache cache = testing_util::RandomCache(DataType::kF16, pool, 5);
+      std::vector<int32_t> context_lens{40, 40, 40, 40};
+      // Sequence 0 is fine, 1 names block 8 (outside), 2 has two blocks for 40 tokens, 3
+      // names block -1.
+      std::vector<int32_t> indptr{0, 3, 6, 8, 11};
+      std::vector<int32_t> indices{0, 1, 2, 3, 8, 4, 5, 6, 7, -1, 7};
+      std::vector<float> q = testing_util::RandomFloats(4 * group * d, 6);
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(DataType::kF32, q));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
+                                testing_util::Poisoned(DataType::kF32, q.size()));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+      PagedDecodeParams p;
+      p.q = d_q.data();
+      p.out = d_out.data();
+      p.q_dtype = DataType::kF32;
+      p.cache = {d_k.data(), d_v.data(), DataType::kF16, num_blocks, block_size, kv_heads, d};
+      p.context_len = static_cast<const int32_t*>(d_len.data());
+      p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+      p.block_indices = static_cast<const int32_t*>(d_indices.data());
+      p.num_seqs = 4;
+      p.num_heads = group;
+      p.scale = 0.125f;
+      p.max_context_len = 40;
+      p.num_splits = splits;
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer workspace,
+                                DeviceBuffer::Allocate(PagedDecodeWorkspaceBytes(p) + 4));
+      p.workspace = workspace.data();
+      p.workspace_bytes = workspace.bytes();
+      const absl::Status launched = candidate >= 0
+                                        ? LaunchPagedDecodeCandidate(p, candidate, nullptr)
+                                        : LaunchPagedDecode(p, nullptr);
+      ASSERT_TRUE(launched.ok()) << launched;
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                testing_util::Download(d_out, DataType::kF32, q.size()));
+      const int64_t row = group * d;
+      for (int64_t i = 0; i < row; ++i) ASSERT_FALSE(std::isnan(out[i])) << i;
+      for (int64_t i = row; i < 4 * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+    }
   }
 }
 
@@ -567,9 +634,14 @@ TEST(CudaPagedDecodeTest, BadBlockTableYieldsNanForThatSequenceOnly) {
 absl::StatusOr<std::vector<float>> DecodeEightBit(
     const testing_util::EightBitCache& cache, const std::vector<float>& q,
     const std::vector<int32_t>& context_lens, const std::vector<int32_t>& indptr,
-    const std::vector<int32_t>& indices, int64_t num_heads, int num_splits, int candidate = -1) {
+    const std::vector<int32_t>& indices, int64_t num_heads, int num_splits, int candidate = -1,
+    const testing_util::AttentionExtras& extras = {}) {
   const int64_t num_seqs = static_cast<int64_t>(context_lens.size()), d = cache.cpu.head_dim;
   LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_q, testing_util::UploadRaw(q));
+  DeviceBuffer d_sinks;
+  if (!extras.sinks.empty()) {
+    LOOM_ASSIGN_OR_RETURN(d_sinks, testing_util::UploadRaw(extras.sinks));
+  }
   LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
   LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
   LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
@@ -587,6 +659,9 @@ absl::StatusOr<std::vector<float>> DecodeEightBit(
   p.num_seqs = num_seqs;
   p.num_heads = num_heads;
   p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.window = extras.window;
+  p.softcap = extras.softcap;
+  p.sinks = static_cast<const float*>(d_sinks.data());
   p.max_context_len = *std::max_element(context_lens.begin(), context_lens.end());
   p.num_splits = num_splits;
   DeviceBuffer workspace;
@@ -604,8 +679,10 @@ absl::StatusOr<std::vector<float>> DecodeEightBit(
 }
 
 // 8-bit caches (int8, fp8): the codes and scales cpu::WriteKv stored, read by the kernel as
-// they are. Against cpu::PagedAttentionReference over the same codes (it rotates the same
-// way): only float summation order differs.
+// they are, NaN codes and scales in the slots no sequence attends. Against
+// cpu::PagedAttentionReference over the same codes (it rotates the same way): only float
+// summation order differs. Plain, then with a window and soft-capping (Gemma 2's local layers
+// over an 8-bit cache: the K scale applies before the cap), then with sinks.
 TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
@@ -638,19 +715,49 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
       ASSERT_TRUE(testing_util::MakeEightBitCache(dtype, num_blocks, kBlock, c.num_kv_heads, d,
                                                   seed += 3, cache)
                       .ok());
+      ASSERT_TRUE(
+          testing_util::PoisonUnattended(
+              testing_util::AttendedSlots(num_blocks, kBlock, c.context_lens, indptr, indices),
+              cache)
+              .ok());
       const std::vector<float> q =
           testing_util::RandomFloats(num_seqs * num_heads * d, seed + 2, -2, 2);
       std::vector<int32_t> query_start(num_seqs + 1);
       std::iota(query_start.begin(), query_start.end(), 0);
-      LOOM_ASSERT_OK_AND_ASSIGN(
-          std::vector<float> expected,
-          testing_util::EightBitReference(cache, q, query_start, c.context_lens, indptr, indices,
-                                          num_heads));
-      LOOM_ASSERT_OK_AND_ASSIGN(
-          std::vector<float> out,
-          DecodeEightBit(cache, q, c.context_lens, indptr, indices, num_heads, c.num_splits));
-      EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-4, 1e-4));
+      for (const testing_util::AttentionExtras& extras :
+           {testing_util::AttentionExtras{},
+            testing_util::AttentionExtras{.window = 100, .softcap = 2.0f, .sinks = {}},
+            testing_util::AttentionExtras{
+                .window = 0, .softcap = 0.0f, .sinks = RandomSinks(num_heads, seed + 4)}}) {
+        SCOPED_TRACE(testing::Message() << "window=" << extras.window << " softcap="
+                                        << extras.softcap << " sinks=" << !extras.sinks.empty());
+        LOOM_ASSERT_OK_AND_ASSIGN(
+            std::vector<float> expected,
+            testing_util::EightBitReference(cache, q, query_start, c.context_lens, indptr, indices,
+                                            num_heads, extras));
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                  DecodeEightBit(cache, q, c.context_lens, indptr, indices,
+                                                 num_heads, c.num_splits, -1, extras));
+        EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-4, 1e-4));
+      }
     }
+  }
+}
+
+// The tensor-core candidate on one small batch (a context shorter than a tile, one crossing
+// two, 24-token blocks, two splits, a group filling the tile's 16 rows): quick enough for
+// quick.sh's kernels step and for sweep.sh to run under compute-sanitizer's racecheck (its
+// 3-stage ring, its ring of tile rows, the ring reused for the warps' merge).
+TEST(CudaPagedDecodeTest, TensorCoreCandidateOnASmallBatch) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const int mma = PagedDecodeCandidateCount() - 1;
+  uint32_t seed = 1900;
+  for (const int64_t group : {4, 16}) {
+    DecodeCase c{2, group, 128, 24, {3, 129}, 2, mma, 4e-3};
+    RunDecodeCase(c, DataType::kF16, DataType::kF32, seed += 7);
+    c.abs_tolerance = 2e-2;
+    RunDecodeCase(c, DataType::kBF16, DataType::kF32, seed += 7);
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -672,7 +779,16 @@ TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
                                                 {2, 4, 128, 16, {3, 2100}, 16},
                                                 {1, 8, 128, 16, {700, 3}, 3},
                                                 {2, 6, 128, 8, {65, 640}, 2},
-                                                {2, 4, 128, 24, {100, 777}, 0}}) {
+                                                {2, 4, 128, 24, {100, 777}, 0},
+                                                // Groups filling the upper half of the
+                                                // tensor-core tile's 16 rows.
+                                                {1, 16, 128, 16, {700, 3}, 3},
+                                                {2, 12, 128, 24, {100, 777}, 0},
+                                                // Blocks of 1 and of 128 (two tiles).
+                                                {1, 4, 128, 1, {5, 70}, 2},
+                                                {2, 4, 128, 128, {1, 300}, 0},
+                                                // A stale max_context_len.
+                                                {2, 4, 128, 16, {900, 30}, 4, -1, 0, 300}}) {
       c.candidate = index;
       c.abs_tolerance = mma ? 2e-3 : 5e-5;
       RunDecodeCase(c, DataType::kF16, DataType::kF16, seed += 7);
@@ -695,7 +811,20 @@ TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
     RunDecodeCase(windowed, DataType::kF16, DataType::kF16, seed += 7, /*window=*/300,
                   /*softcap=*/30.0f);
     if (HasFatalFailure()) return;
-    if (mma) continue;  // F16 only
+    if (mma) {
+      // Sinks: added once, in base e (the kernel's maxima are base 2), with one split and
+      // across splits, with an F32 query and a window.
+      for (DecodeCase c : std::vector<DecodeCase>{{2, 4, 128, 16, {1, 17, 129, 300}, 1},
+                                                  {2, 4, 128, 16, {3, 2100}, 5}}) {
+        c.candidate = index;
+        c.abs_tolerance = 2e-3;
+        RunDecodeCase(c, DataType::kF16, DataType::kF16, seed += 7, 0, 0.0f, /*sinks=*/true);
+        c.abs_tolerance = 2e-2;
+        RunDecodeCase(c, DataType::kBF16, DataType::kF32, seed += 7, 100, 2.0f, /*sinks=*/true);
+        if (HasFatalFailure()) return;
+      }
+      continue;  // F16 and BF16 only
+    }
     constexpr int64_t kBlock = 16, kKvHeads = 2, kGroup = 4, kDim = 128;
     const std::vector<int32_t> context_lens = {5, 300, 1030};
     std::vector<int32_t> indptr = {0}, indices;
@@ -710,6 +839,11 @@ TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
     ASSERT_TRUE(testing_util::MakeEightBitCache(cpu::KvDtype::kInt8,
                                                 static_cast<int64_t>(indices.size()), kBlock,
                                                 kKvHeads, kDim, seed += 3, cache)
+                    .ok());
+    ASSERT_TRUE(testing_util::PoisonUnattended(
+                    testing_util::AttendedSlots(static_cast<int64_t>(indices.size()), kBlock,
+                                                context_lens, indptr, indices),
+                    cache)
                     .ok());
     const int64_t num_heads = kKvHeads * kGroup;
     const std::vector<float> q = testing_util::RandomFloats(

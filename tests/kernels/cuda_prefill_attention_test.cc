@@ -137,8 +137,9 @@ std::vector<float> RandomSinks(int64_t num_heads, uint32_t seed) {
   return sinks;
 }
 
-// Builds a batch (shuffled pool blocks with a spare entry per table), runs the reference
-// once and the kernel for both output dtypes. With `sinks`, random attention sinks per
+// Builds a batch (shuffled pool blocks with a spare entry per table; every slot no sequence
+// attends NaN, PoisonUnattended), runs the reference once and the kernel for both output
+// dtypes. With `sinks`, random attention sinks per
 // query head (RandomSinks). The reference is
 // cpu::PagedAttentionReference (double) over an F32 view of the exact cache values and
 // the queries rounded to the cache dtype. With a window, the device table names blocks
@@ -177,6 +178,9 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
   }
   const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * d;
   testing_util::HostCache cache = testing_util::RandomCache(dtype, pool, seed + 1);
+  testing_util::PoisonUnattended(
+      dtype, c.num_kv_heads * d,
+      testing_util::AttendedSlots(num_blocks, c.block_size, context_lens, indptr, indices), cache);
   // Queries up to +-2 make the softmax peaked enough that a lost or extra token shows.
   const int64_t q_row = num_heads * d;
   const int64_t q_stride = (num_heads + c.extra_q_heads) * d;
@@ -306,6 +310,8 @@ TEST(CudaPagedPrefillTest, MatchesCpuReferenceAcrossShapes) {
       // Head dim 256 (Gemma 2 and 3): 32-token KV tiles.
       {2, 4, 256, 16, MixedBatch()},
       {1, 1, 256, 16, {{1, 1}, {7, 40}, {64, 64}, {100, 170}}},
+      // A sequence with no query tokens in the batch (its blocks return at once).
+      {2, 4, 128, 16, {{7, 40}, {0, 30}, {33, 90}}},
   };
   uint32_t seed = 100;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
@@ -486,28 +492,32 @@ TEST(CudaPagedPrefillTest, BadBlockTableYieldsNanForThatSequenceOnly) {
   }
 }
 
-// 8-bit caches (int8, fp8) on both compute dtypes: the codes and scales cpu::WriteKv stored,
-// dequantized into the tiles; the query rotated into the compute dtype by
-// LaunchRotateHeads, the output rotated back in place (what CudaDevice does). Against
-// cpu::PagedAttentionReference over the same codes with the unrounded query: besides the
-// tolerance of F16/BF16 caches, the rotated query and the dequantized K/V are rounded to
-// the compute dtype once each.
+// 8-bit caches (int8, fp8) on both compute dtypes: the codes and scales cpu::WriteKv stored
+// (NaN codes and scales in the slots no sequence attends), dequantized into the tiles; the query
+// rotated into the compute dtype by LaunchRotateHeads, the output rotated back in place (what
+// CudaDevice does). Against cpu::PagedAttentionReference over the same codes with the unrounded
+// query: besides the tolerance of F16/BF16 caches, the rotated query and the dequantized K/V are
+// rounded to the compute dtype once each.
 TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
     int64_t num_kv_heads, group, head_dim;
     std::vector<std::pair<int32_t, int32_t>> seqs;  // (query tokens, context tokens)
+    int64_t block = 16;
+    int64_t window = 0;
   };
+  // Blocks of 5 (not dividing a KV tile) with a window: the 8-bit loader's per-row scales.
   const std::vector<Case> cases = {{2, 4, 128, {{40, 40}, {17, 100}}},
                                    {3, 3, 64, {{130, 200}, {1, 65}}},
-                                   {1, 2, 256, {{33, 90}}}};
-  constexpr int64_t kBlock = 16;
+                                   {1, 2, 256, {{33, 90}}},
+                                   {1, 4, 128, {{130, 130}, {20, 300}}, 5, 100}};
   uint32_t seed = 950;
   for (cpu::KvDtype dtype : {cpu::KvDtype::kInt8, cpu::KvDtype::kFp8E4m3}) {
     for (DataType compute : {DataType::kF16, DataType::kBF16}) {
       for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << cpu::KvDtypeName(dtype) << " " << DataTypeName(compute)
-                                        << " head_dim=" << c.head_dim);
+                                        << " head_dim=" << c.head_dim << " block=" << c.block
+                                        << " window=" << c.window);
         const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
         const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
         std::vector<int32_t> query_start = {0}, context_lens, indptr = {0}, indices;
@@ -516,7 +526,7 @@ TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
           query_start.push_back(query_start.back() + q_len);
           context_lens.push_back(context);
           max_q = std::max(max_q, q_len);
-          for (int64_t b = 0; b < (context + kBlock - 1) / kBlock; ++b) {
+          for (int64_t b = 0; b < (context + c.block - 1) / c.block; ++b) {
             indices.push_back(static_cast<int32_t>(indices.size()));
           }
           indptr.push_back(static_cast<int32_t>(indices.size()));
@@ -525,15 +535,21 @@ TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
         const int64_t num_blocks = static_cast<int64_t>(indices.size());
         const int64_t num_tokens = query_start.back();
         testing_util::EightBitCache cache;
-        ASSERT_TRUE(testing_util::MakeEightBitCache(dtype, num_blocks, kBlock, c.num_kv_heads, d,
+        ASSERT_TRUE(testing_util::MakeEightBitCache(dtype, num_blocks, c.block, c.num_kv_heads, d,
                                                     seed += 3, cache)
                         .ok());
+        ASSERT_TRUE(
+            testing_util::PoisonUnattended(
+                testing_util::AttendedSlots(num_blocks, c.block, context_lens, indptr, indices),
+                cache)
+                .ok());
         const std::vector<float> q =
             testing_util::RandomFloats(num_tokens * num_heads * d, seed + 2, -2, 2);
         LOOM_ASSERT_OK_AND_ASSIGN(
             std::vector<float> expected,
             testing_util::EightBitReference(cache, q, query_start, context_lens, indptr, indices,
-                                            num_heads));
+                                            num_heads,
+                                            {.window = c.window, .softcap = 0.0f, .sinks = {}}));
 
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q_rotated,
@@ -561,6 +577,7 @@ TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
         p.num_heads = num_heads;
         p.scale = 1.0f / std::sqrt(static_cast<float>(d));
         p.max_query_len = max_q;
+        p.window = c.window;
         const absl::Status launched = LaunchPagedPrefill(p, nullptr);
         ASSERT_TRUE(launched.ok()) << launched;
         ASSERT_TRUE(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,

@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -157,6 +159,45 @@ inline HostCache RandomCache(DataType dtype, int64_t elements, uint32_t seed) {
   return c;
 }
 
+/// Which token slots of a pool of `num_blocks` x `block_size` some sequence attends: the
+/// positions below its context length in the blocks its table names (entries outside the pool
+/// skipped).
+inline std::vector<bool> AttendedSlots(int64_t num_blocks, int64_t block_size,
+                                       const std::vector<int32_t>& context_lens,
+                                       const std::vector<int32_t>& indptr,
+                                       const std::vector<int32_t>& indices) {
+  std::vector<bool> attended(static_cast<size_t>(num_blocks * block_size), false);
+  for (size_t s = 0; s < context_lens.size(); ++s) {
+    for (int32_t b = indptr[s]; b < indptr[s + 1]; ++b) {
+      const int32_t block = indices[static_cast<size_t>(b)];
+      if (block < 0 || block >= num_blocks) continue;
+      const int64_t first = int64_t{b - indptr[s]} * block_size;
+      for (int64_t i = 0; i < block_size && first + i < context_lens[s]; ++i) {
+        attended[static_cast<size_t>(block * block_size + i)] = true;
+      }
+    }
+  }
+  return attended;
+}
+
+/// Sets K and V of every slot no sequence attends (block tails past a context, spare blocks,
+/// blocks no table names) to NaN, as a reused pool may hold there: a kernel that lets such a
+/// row into a result (a masked probability 0 times NaN is NaN) fails, where over finite values
+/// it would pass. `row`: values per slot (KV heads x head dim).
+inline void PoisonUnattended(DataType dtype, int64_t row, const std::vector<bool>& attended,
+                             HostCache& cache) {
+  const uint16_t nan_bits = dtype == DataType::kBF16 ? 0x7fc0 : 0x7e00;
+  for (size_t slot = 0; slot < attended.size(); ++slot) {
+    if (attended[slot]) continue;
+    for (int64_t i = 0; i < row; ++i) {
+      const size_t e = slot * static_cast<size_t>(row) + static_cast<size_t>(i);
+      cache.k[e] = cache.v[e] = std::nanf("");
+      std::memcpy(&cache.k_bytes[2 * e], &nan_bits, 2);
+      std::memcpy(&cache.v_bytes[2 * e], &nan_bits, 2);
+    }
+  }
+}
+
 /// An 8-bit cache of `slots` token slots x `row` values, K and V random in [-1, 1] written
 /// by cpu::WriteKv (rotated, one BF16 scale per row and KV head), on the host (`cpu`, for
 /// cpu::PagedAttentionReference) and as the same bytes on the device (`View`).
@@ -176,6 +217,24 @@ struct EightBitCache {
     return view;
   }
 };
+
+/// Copies `c`'s host codes and scales to its device buffers (allocated on the first call).
+inline absl::Status UploadEightBitCache(EightBitCache& c) {
+  for (auto [buffer, bytes, size] :
+       {std::tuple{&c.d_k, static_cast<const void*>(c.k.data()), c.k.size()},
+        std::tuple{&c.d_v, static_cast<const void*>(c.v.data()), c.v.size()},
+        std::tuple{&c.d_k_scale, static_cast<const void*>(c.k_scale.data()), 2 * c.k_scale.size()},
+        std::tuple{&c.d_v_scale, static_cast<const void*>(c.v_scale.data()),
+                   2 * c.v_scale.size()}}) {
+    if (buffer->bytes() != size) {
+      absl::StatusOr<DeviceBuffer> allocated = DeviceBuffer::Allocate(size);
+      if (!allocated.ok()) return allocated.status();
+      *buffer = std::move(*allocated);
+    }
+    if (absl::Status status = buffer->CopyFromHost(bytes, size); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 
 inline absl::Status MakeEightBitCache(cpu::KvDtype dtype, int64_t num_blocks, int64_t block_size,
                                       int64_t num_kv_heads, int64_t head_dim, uint32_t seed,
@@ -197,26 +256,37 @@ inline absl::Status MakeEightBitCache(cpu::KvDtype dtype, int64_t num_blocks, in
       !status.ok()) {
     return status;
   }
-  for (auto [buffer, bytes, size] :
-       {std::tuple{&c.d_k, static_cast<const void*>(c.k.data()), c.k.size()},
-        std::tuple{&c.d_v, static_cast<const void*>(c.v.data()), c.v.size()},
-        std::tuple{&c.d_k_scale, static_cast<const void*>(c.k_scale.data()), 2 * c.k_scale.size()},
-        std::tuple{&c.d_v_scale, static_cast<const void*>(c.v_scale.data()),
-                   2 * c.v_scale.size()}}) {
-    absl::StatusOr<DeviceBuffer> allocated = DeviceBuffer::Allocate(size);
-    if (!allocated.ok()) return allocated.status();
-    *buffer = std::move(*allocated);
-    if (absl::Status status = buffer->CopyFromHost(bytes, size); !status.ok()) return status;
+  return UploadEightBitCache(c);
+}
+
+/// PoisonUnattended for an 8-bit cache: codes 0x7f (E4M3's NaN) and NaN scales in every slot no
+/// sequence attends, uploaded again.
+inline absl::Status PoisonUnattended(const std::vector<bool>& attended, EightBitCache& c) {
+  const int64_t heads = c.cpu.num_kv_heads, row = heads * c.cpu.head_dim;
+  for (size_t slot = 0; slot < attended.size(); ++slot) {
+    if (attended[slot]) continue;
+    std::fill_n(c.k.begin() + static_cast<int64_t>(slot) * row, row, uint8_t{0x7f});
+    std::fill_n(c.v.begin() + static_cast<int64_t>(slot) * row, row, uint8_t{0x7f});
+    std::fill_n(c.k_scale.begin() + static_cast<int64_t>(slot) * heads, heads, uint16_t{0x7fc0});
+    std::fill_n(c.v_scale.begin() + static_cast<int64_t>(slot) * heads, heads, uint16_t{0x7fc0});
   }
-  return absl::OkStatus();
+  return UploadEightBitCache(c);
 }
 
 /// cpu::PagedAttentionReference of `q` (rows of num_heads x head_dim) over `cache`'s codes
 /// (it rotates query and output as the CUDA path does), at scale 1 / sqrt(head_dim).
+/// `extras`: a sliding window, soft-capping and attention sinks, as cpu::PagedAttentionParams.
+struct AttentionExtras {
+  int64_t window = 0;
+  float softcap = 0.0f;
+  std::vector<float> sinks;  // [num_heads]; empty: none
+};
+
 inline absl::StatusOr<std::vector<float>> EightBitReference(
     const EightBitCache& cache, const std::vector<float>& q,
     const std::vector<int32_t>& query_start, const std::vector<int32_t>& context_lens,
-    const std::vector<int32_t>& indptr, const std::vector<int32_t>& indices, int64_t num_heads) {
+    const std::vector<int32_t>& indptr, const std::vector<int32_t>& indices, int64_t num_heads,
+    const AttentionExtras& extras = {}) {
   std::vector<float> expected(q.size());
   cpu::PagedAttentionParams ref;
   ref.q = q.data();
@@ -229,6 +299,9 @@ inline absl::StatusOr<std::vector<float>> EightBitReference(
   ref.num_seqs = static_cast<int64_t>(context_lens.size());
   ref.num_heads = num_heads;
   ref.scale = 1.0f / std::sqrt(static_cast<float>(cache.cpu.head_dim));
+  ref.window = extras.window;
+  ref.softcap = extras.softcap;
+  ref.sinks = extras.sinks.empty() ? nullptr : extras.sinks.data();
   if (absl::Status status = cpu::PagedAttentionReference(ref); !status.ok()) return status;
   return expected;
 }

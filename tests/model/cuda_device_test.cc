@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -585,6 +586,14 @@ TEST(CudaDeviceTest, WriteKvAndPagedAttentionMatchCpuForPrefillAndDecode) {
         pair.side(i)->device->CreateKvCache(config, 8, block);
     ASSERT_TRUE(cache.ok()) << cache.status();
     caches[i] = std::move(*cache);
+    // Every byte 0xff (NaN in F16 and F32) before the tokens are written, as a reused pool
+    // may hold: the slots past each context (block tails, unused blocks) must not reach an
+    // output, not even with a weight of 0.
+    const std::vector<uint8_t> nan_block(static_cast<size_t>(caches[i]->block_bytes()), 0xff);
+    const std::vector<const uint8_t*> from(8, nan_block.data());
+    std::vector<int32_t> all(8);
+    std::iota(all.begin(), all.end(), 0);
+    ASSERT_TRUE(caches[i]->LoadBlocks(from, all).ok());
   }
   uint32_t seed = 20;
   for (const Phase& phase : phases) {
