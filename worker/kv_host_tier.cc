@@ -78,25 +78,49 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
                    static_cast<long long>(total), std::string(pinned.message()).c_str());
     }
     KvHostTier* populated = tier.get();
-    tier->populating_ = std::thread([populated, total] { populated->Populate(total); });
+    tier->populating_ = std::thread([populated] { populated->Populate(); });
+    tier->PopulateThrough(0);
   }
   return tier;
 }
 
-void KvHostTier::Populate(int64_t total) {
+void KvHostTier::Populate() {
   // Page tables only (MADV_POPULATE_WRITE keeps the bytes): safe beside the slots' copies.
   // Chunks, so that a tier dropped at once stops soon; a kernel without it (before 5.14)
   // leaves the pages to their first writes.
   constexpr int64_t kChunk = int64_t{64} << 20;
-  for (int64_t offset = 0; offset < total && !stop_populating_.load(); offset += kChunk) {
-    const size_t length = static_cast<size_t>(std::min(kChunk, total - offset));
-    if (madvise(memory_ + offset, length, MADV_POPULATE_WRITE) != 0) return;
+  int64_t done = 0;
+  const auto wanted = [this, &done] {
+    populate_mu_.AssertHeld();
+    return stop_populating_ || populate_target_ > done;
+  };
+  while (true) {
+    int64_t target = 0;
+    {
+      absl::MutexLock lock(&populate_mu_);
+      populate_mu_.Await(absl::Condition(&wanted));
+      if (stop_populating_) return;
+      target = populate_target_;
+    }
+    const int64_t length = std::min(kChunk, target - done);
+    if (madvise(memory_ + done, static_cast<size_t>(length), MADV_POPULATE_WRITE) != 0) return;
+    done += length;
   }
+}
+
+void KvHostTier::PopulateThrough(int64_t end) {
+  if (!populating_.joinable()) return;
+  const int64_t target = std::min(mapped_bytes(), end * slot_bytes_ + kPopulateAhead);
+  absl::MutexLock lock(&populate_mu_);
+  populate_target_ = std::max(populate_target_, target);
 }
 
 KvHostTier::~KvHostTier() {
   if (populating_.joinable()) {
-    stop_populating_.store(true);
+    {
+      absl::MutexLock lock(&populate_mu_);
+      stop_populating_ = true;
+    }
     populating_.join();
   }
   if (registered_) pool_->UnregisterHostMemory(memory_);
@@ -170,6 +194,7 @@ absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<cons
         "write of %d bytes at %d is outside a slot of %d bytes", data.size(), offset, slot_bytes_));
   }
   written_[static_cast<size_t>(slot)] = false;
+  PopulateThrough(int64_t{slot} + 1);
   if (pool_ != nullptr) {
     std::copy(data.begin(), data.end(),
               memory_ + static_cast<int64_t>(slot) * slot_bytes_ + offset);
@@ -187,6 +212,7 @@ absl::Status KvHostTier::WriteSlotWith(int32_t slot,
         absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));
   }
   written_[static_cast<size_t>(slot)] = false;
+  PopulateThrough(int64_t{slot} + 1);
   if (pool_ != nullptr) {
     write(absl::MakeSpan(memory_ + static_cast<int64_t>(slot) * slot_bytes_,
                          static_cast<size_t>(slot_bytes_)));
@@ -266,6 +292,7 @@ absl::Status KvHostTier::Run(bool to_host, absl::Span<const KvBlockCopy> copies)
   blocks_.clear();
   host_.clear();
   for (const KvBlockCopy& copy : copies) {
+    if (to_host) PopulateThrough(int64_t{copy.host_slot} + 1);
     blocks_.push_back(copy.device_block);
     host_.push_back(pool_ != nullptr ? slot(copy.host_slot) : nullptr);
     if (!to_host && kChecksumSlots && pool_ != nullptr &&
