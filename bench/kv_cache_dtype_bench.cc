@@ -5,7 +5,8 @@
 //              and its bytes checked), as a ratio to F16's (the bar: >= 1.9x);
 //   decode     tokens/s of --batch sequences decoding --decode-tokens tokens each after a
 //              --prompt-tokens prompt, as a ratio to F16's in the same run (bar: >= 1.0x),
-//              median of --repeats, and the KV bytes each decode step reads against the
+//              median of --repeats (the dtypes' repeats interleaved, each dtype first in
+//              turn), and the KV bytes each decode step reads against the
 //              machine's read bandwidth measured in the same run. The prompts are prefilled
 //              first (one token each, kept in the prefix cache), so the measured run's
 //              prompts are cache hits and every sequence decodes from the same step on: no
@@ -20,10 +21,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/machine_limits.h"
 #include "bench/random_prompt.h"
 #include "cli/local_engine.h"
@@ -109,24 +112,32 @@ Capacity MeasureCapacity(const loom::common::ModelConfig& config, KvDtype dtype,
   return capacity;
 }
 
-// Median decode tokens/s of flags.batch sequences (the steps that computed no prompt token).
-double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokenizer& tokenizer,
-                  KvDtype dtype, const Flags& flags) {
-  loom::worker::CpuForwardPassOptions options;
-  options.num_threads = flags.threads;
-  options.kv_dtype = dtype;
-  // Each repeat's prompts stay cached beside the next repeat's sequences.
-  options.num_kv_blocks =
-      2 * flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
-  auto forward_pass = loom::worker::CpuForwardPass::Create(gguf, options);
-  if (!forward_pass.ok()) {
-    std::fprintf(stderr, "%s\n", forward_pass.status().ToString().c_str());
-    std::exit(1);
+// One KV dtype's engine: Run(r) is repeat r's decode tokens/s of flags.batch sequences (the
+// steps that computed no prompt token). main runs the dtypes' repeats interleaved, so that a
+// change in the machine's load falls on every dtype alike.
+class DecodeRunner {
+ public:
+  DecodeRunner(const loom::common::GgufFile& gguf, const loom::common::Tokenizer& tokenizer,
+               KvDtype dtype, const Flags& flags)
+      : flags_(flags) {
+    loom::worker::CpuForwardPassOptions options;
+    options.num_threads = flags.threads;
+    options.kv_dtype = dtype;
+    // Each repeat's prompts stay cached beside the next repeat's sequences.
+    options.num_kv_blocks =
+        2 * flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
+    auto forward_pass = loom::worker::CpuForwardPass::Create(gguf, options);
+    if (!forward_pass.ok()) {
+      std::fprintf(stderr, "%s\n", forward_pass.status().ToString().c_str());
+      std::exit(1);
+    }
+    backend_ = std::make_unique<loom::worker::ModelStepBackend>(*std::move(forward_pass));
+    engine_ = std::make_unique<loom::cli::LocalEngine>(*backend_, tokenizer);
   }
-  loom::worker::ModelStepBackend backend(*std::move(forward_pass));
-  loom::cli::LocalEngine engine(backend, tokenizer);
-  std::vector<double> rates;
-  for (int r = 0; r < flags.repeats; ++r) {
+
+  double Run(int r) {
+    const Flags& flags = flags_;
+    loom::cli::LocalEngine& engine = *engine_;
     std::vector<loom::cli::EngineRequest> requests;
     for (int i = 0; i < flags.batch; ++i) {
       loom::cli::EngineRequest request;
@@ -152,10 +163,14 @@ double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokeni
       seconds = std::max(seconds, result.decode_seconds);
       decoded += static_cast<int64_t>(result.outputs.size()) - 1;  // the first came from prefill
     }
-    rates.push_back(decoded / seconds);
+    return decoded / seconds;
   }
-  return loom::bench::Median(rates);
-}
+
+ private:
+  Flags flags_;
+  std::unique_ptr<loom::worker::ModelStepBackend> backend_;
+  std::unique_ptr<loom::cli::LocalEngine> engine_;
+};
 
 }  // namespace
 
@@ -183,12 +198,27 @@ int main(int argc, char** argv) {
   std::printf("decode: %d sequences, %d prompt + %d decoded tokens each, median of %d\n",
               flags.batch, flags.prompt_tokens, flags.decode_tokens, flags.repeats);
   const KvDtype dtypes[] = {KvDtype::kF16, KvDtype::kInt8, KvDtype::kFp8E4m3};
+  constexpr int kDtypes = 3;
+  // Repeat r runs the dtypes starting at r mod 3: each goes first, second and third alike.
+  std::vector<std::unique_ptr<DecodeRunner>> runners;
+  for (KvDtype dtype : dtypes) {
+    runners.push_back(std::make_unique<DecodeRunner>(**gguf, **tokenizer, dtype, flags));
+  }
+  std::vector<double> runs[kDtypes];
+  for (int r = 0; r < flags.repeats; ++r) {
+    for (int i = 0; i < kDtypes; ++i) {
+      const int which = (r + i) % kDtypes;
+      runs[which].push_back(runners[which]->Run(r));
+    }
+  }
+  runners.clear();
   Capacity f16_capacity;
   double f16_rate = 0;
   std::string rows;
-  for (KvDtype dtype : dtypes) {
+  for (int which = 0; which < kDtypes; ++which) {
+    const KvDtype dtype = dtypes[which];
     const Capacity capacity = MeasureCapacity(*config, dtype, flags);
-    const double rate = DecodeRate(**gguf, **tokenizer, dtype, flags);
+    const double rate = loom::bench::Median(runs[which]);
     if (dtype == KvDtype::kF16) {
       f16_capacity = capacity;
       f16_rate = rate;
@@ -212,10 +242,14 @@ int main(int argc, char** argv) {
     rows += absl::StrFormat(
         "%s{\"kv_dtype\": \"%s\", \"block_bytes\": %d, \"blocks\": %d, \"sequences\": %d, "
         "\"capacity_vs_f16\": %.4f, \"allocated_bytes\": %d, \"decode_tokens_per_s\": %.2f, "
-        "\"decode_vs_f16\": %.4f, \"kv_read_gbs\": %.3f, \"kv_read_vs_bandwidth\": %.4f}",
+        "\"decode_vs_f16\": %.4f, \"kv_read_gbs\": %.3f, \"kv_read_vs_bandwidth\": %.4f, "
+        "\"decode_runs\": [%s]}",
         rows.empty() ? "" : ",\n  ", loom::kernels::cpu::KvDtypeName(dtype), capacity.block_bytes,
         capacity.blocks, capacity.sequences, capacity_ratio, capacity.allocated_bytes, rate,
-        rate / f16_rate, kv_gbs, kv_gbs / read_gbs);
+        rate / f16_rate, kv_gbs, kv_gbs / read_gbs,
+        absl::StrJoin(runs[which], ", ", [](std::string* out, double run) {
+          absl::StrAppendFormat(out, "%.2f", run);
+        }));
   }
   const bool forced = std::getenv("LOOM_CPU_ISA") != nullptr;
   // kv_cache_dtype_cpu[_<isa>][_prompt<N> when --prompt-tokens is not the default].
