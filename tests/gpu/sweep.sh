@@ -48,7 +48,7 @@ done
 # The limits add up to 265 s (the call's timeout_s is 300): the GEMM's sweep took 25 s on the
 # H200; the profile step gives its three benchmarks 20, 24 and 30 s under ncu.
 STEPS=(tests racecheck gemm attention profile)
-declare -A LIMIT=([tests]=55 [racecheck]=20 [gemm]=55 [attention]=75 [profile]=80)
+declare -A LIMIT=([tests]=50 [racecheck]=15 [gemm]=50 [attention]=75 [profile]=80)
 if ((DRY_RUN)); then
   echo "steps:"
   for step in "${STEPS[@]}"; do printf '  %-10s %3d s\n' "$step" "${LIMIT[$step]}"; done

@@ -24,7 +24,7 @@ def test_dry_run_lists_the_steps_and_their_limits():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     steps = [line.split() for line in run.stdout.splitlines()[1:]]
-    assert [s[0] for s in steps] == ["tests", "gemm", "attention", "profile"], run.stdout
+    assert [s[0] for s in steps] == ["tests", "racecheck", "gemm", "attention", "profile"], run.stdout
     # The documented call's timeout_s is 300: the limits leave room to unpack the bundle.
     assert sum(int(s[1]) for s in steps) <= 270, run.stdout
 
