@@ -124,6 +124,9 @@ struct PrefillCase {
   int64_t extra_q_heads = 0;  // q rows padded as in a fused QKV buffer (q_stride)
   bool small_grid = false;    // max_query_len hint of 1: blocks loop over their tiles
   int candidate = -1;         // >= 0: that tiling of the tuning space, output in the cache dtype
+  // > 0: the device pool holds this many blocks before the reference's (which the table's
+  // entries then name shifted by as many): offsets past 2^31 elements.
+  int64_t pool_offset_blocks = 0;
 };
 
 // Attention sinks for `num_heads` query heads: random in [-2, 3] (comparable to the scores,
@@ -218,16 +221,30 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
   ref.sinks = head_sinks.empty() ? nullptr : head_sinks.data();
   ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
 
+  const int64_t device_blocks = num_blocks + c.pool_offset_blocks;
   std::vector<int32_t> device_indices = indices;
+  for (int32_t& block : device_indices) block += static_cast<int32_t>(c.pool_offset_blocks);
   for (size_t s = 0; window > 0 && s < c.seqs.size(); ++s) {
     const int64_t first_query = c.seqs[s].context_len - c.seqs[s].q_len;
     const int64_t window_start = std::max<int64_t>(0, first_query - window + 1);
     for (int64_t b = 0; (b + 1) * c.block_size <= window_start; ++b) {
-      device_indices[static_cast<size_t>(indptr[s] + b)] = static_cast<int32_t>(num_blocks + 1000);
+      device_indices[static_cast<size_t>(indptr[s] + b)] =
+          static_cast<int32_t>(device_blocks + 1000);
     }
   }
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+  const size_t offset_bytes = static_cast<size_t>(c.pool_offset_blocks) *
+                              (cache.k_bytes.size() / static_cast<size_t>(num_blocks));
+  absl::StatusOr<DeviceBuffer> k_pool = DeviceBuffer::Allocate(offset_bytes + cache.k_bytes.size());
+  absl::StatusOr<DeviceBuffer> v_pool = k_pool.ok() ? DeviceBuffer::Allocate(k_pool->bytes())
+                                                    : absl::StatusOr<DeviceBuffer>(k_pool.status());
+  if (c.pool_offset_blocks > 0 && (!k_pool.ok() || !v_pool.ok())) {
+    GTEST_SKIP() << "the device cannot hold two pools of " << offset_bytes + cache.k_bytes.size()
+                 << " bytes: " << (k_pool.ok() ? v_pool.status() : k_pool.status());
+  }
+  ASSERT_TRUE(k_pool.ok() && v_pool.ok()) << k_pool.status() << " " << v_pool.status();
+  DeviceBuffer d_k = std::move(*k_pool), d_v = std::move(*v_pool);
+  ASSERT_TRUE(d_k.CopyFromHost(cache.k_bytes.data(), cache.k_bytes.size(), offset_bytes).ok());
+  ASSERT_TRUE(d_v.CopyFromHost(cache.v_bytes.data(), cache.v_bytes.size(), offset_bytes).ok());
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(dtype, q_strided));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_query_start, testing_util::UploadRaw(query_start));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
@@ -248,7 +265,7 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
     p.out = d_out.data();
     p.q_dtype = dtype;
     p.out_dtype = out_dtype;
-    p.cache = {d_k.data(), d_v.data(), dtype, num_blocks, c.block_size, c.num_kv_heads, d};
+    p.cache = {d_k.data(), d_v.data(), dtype, device_blocks, c.block_size, c.num_kv_heads, d};
     p.query_start = static_cast<const int32_t*>(d_query_start.data());
     p.context_len = static_cast<const int32_t*>(d_len.data());
     p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
@@ -320,6 +337,17 @@ TEST(CudaPagedPrefillTest, MatchesCpuReferenceAcrossShapes) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// A sequence whose blocks sit past 2^31 elements of the pool (a served layer pool passes that:
+// Llama-3-8B's 8 KV heads x 128 dims are 1,024 elements a slot), read through 32-bit cache
+// rows times the head dim in 64 bits: a 32-bit product would read the wrong rows. Skipped where
+// the device cannot hold two 4.3 GB pools.
+TEST(CudaPagedPrefillTest, BlocksPastTwoToTheThirtyOneElementsMatchTheReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  PrefillCase c{1, 4, 128, 16, {{40, 700}, {64, 1000}}};
+  c.pool_offset_blocks = (int64_t{1} << 31) / (16 * 128) + 128;
+  RunPrefillCase(c, DataType::kF16, 4242);
 }
 
 // Mistral's and Gemma's local layers: windows of 1 token, shorter than a block, a KV tile
