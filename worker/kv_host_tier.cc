@@ -291,8 +291,13 @@ absl::Status KvHostTier::Apply(absl::Span<const KvBlockCopy> copies) {
 absl::Status KvHostTier::Run(bool to_host, absl::Span<const KvBlockCopy> copies) {
   blocks_.clear();
   host_.clear();
+  if (to_host) {
+    const auto highest = std::max_element(
+        copies.begin(), copies.end(),
+        [](const KvBlockCopy& a, const KvBlockCopy& b) { return a.host_slot < b.host_slot; });
+    if (highest != copies.end()) PopulateThrough(int64_t{highest->host_slot} + 1);
+  }
   for (const KvBlockCopy& copy : copies) {
-    if (to_host) PopulateThrough(int64_t{copy.host_slot} + 1);
     blocks_.push_back(copy.device_block);
     host_.push_back(pool_ != nullptr ? slot(copy.host_slot) : nullptr);
     if (!to_host && kChecksumSlots && pool_ != nullptr &&
