@@ -20,7 +20,9 @@
 #include "common/formats/model_config.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
+#include "kernels/cuda_device.h"
 #include "nlohmann/json.hpp"
+#include "quant/model_quantizer.h"
 #include "worker/step_backend_factory.h"
 
 namespace loom::cli {
@@ -33,14 +35,17 @@ struct Options {
   int64_t stride = 0;  // 0: context / 2
   int64_t max_tokens = 0;
   bool json = false;
+  std::string device = "auto";  // cuda | cpu | auto
+  std::string quantization;     // "" (as stored) | int8 | int4 | fp8 (CUDA)
   worker::StepBackendOptions forward_pass;
 };
 
 // Parses the command line into `options`; nullopt to go on, else the exit code.
 std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::CommandLine command_line(
-      "loom perplexity", "loom perplexity MODEL --text FILE: perplexity of a text under a model, "
-                         "sliding window (CPU engine)");
+      "loom perplexity",
+      "loom perplexity MODEL --text FILE: perplexity of a text under a model, "
+      "sliding window, through the serving engine in this process");
   CLI::App& app = command_line.app();
   cli::AddString(app, "model,--model", options.model_path, "the model file; required");
   cli::AddString(app, "--text", options.text_path, "the text file; required");
@@ -54,6 +59,16 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddInt(app, "--threads", options.forward_pass.num_threads, 1, 1024, "CPU threads");
   AddKvDtypeFlag(app, options.forward_pass.kv_dtype);
   AddActivationsFlag(app, options.forward_pass.activations);
+  cli::AddString(app, "--device", options.device,
+                 "where the model runs (auto: cuda when a CUDA device is present and "
+                 "--kv-dtype is not f32)",
+                 {"cuda", "cpu", "auto"});
+  cli::AddString(app, "--quantization", options.quantization,
+                 "the linear layers quantized at load, as loom-worker serves them (int8/int4: "
+                 "Loom's group-wise formats, round-to-nearest; fp8: E4M3 with a scale per "
+                 "output channel on FP8 tensor cores, CUDA compute capability 8.9+ only; "
+                 "\"\": as stored)",
+                 {"", "int8", "int4", "fp8"});
   cli::AddBool(app, "--json", options.json, "print the result as JSON");
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.text_path.empty()) {
@@ -161,8 +176,23 @@ int RunPerplexityCommand(int argc, char** argv) {
   buffer << in.rdbuf();
   const std::string text = buffer.str();
 
+  // Where the model runs, decided before loading anything.
+  auto device = ResolveDevice(options.device, options.forward_pass.kv_dtype, /*world_size=*/1,
+                              kernels::CudaDeviceCount());
+  if (!device.ok()) return fail(device.status());
+  if (options.quantization == "fp8" && *device != "cuda") {
+    return fail(absl::InvalidArgumentError(
+        "--quantization fp8 runs on FP8 tensor cores: it needs --device cuda (a GPU of compute "
+        "capability 8.9 or newer)"));
+  }
   auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
+  if (options.quantization == "int8" || options.quantization == "int4") {
+    gguf = quant::QuantizeInMemory(**gguf, options.quantization == "int8"
+                                               ? quant::QuantizeFormat::kInt8
+                                               : quant::QuantizeFormat::kInt4);
+    if (!gguf.ok()) return fail(gguf.status());
+  }
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);
   if (!tokenizer.ok()) return fail(tokenizer.status());
   // Plain text: BOS as the model's tokenizer adds it, special-token text not parsed.
@@ -177,14 +207,17 @@ int RunPerplexityCommand(int argc, char** argv) {
       options.stride > 0 ? options.stride : std::max<int64_t>(1, options.context / 2);
   auto config = common::ModelConfigFromGguf(**gguf);
   if (!config.ok()) return fail(config.status());
-  options.forward_pass.device = "cpu";
+  options.forward_pass.device = *device;
+  options.forward_pass.fp8_weights = options.quantization == "fp8";
+  options.forward_pass.fp8_checkpoints = options.quantization.empty();
   options.forward_pass.num_kv_blocks =
       std::max<int64_t>(1, PerplexityKvBlocks(options.context, options.forward_pass.block_size));
   std::string load_log;
   auto backend = worker::CreateStepBackend(options.forward_pass, **gguf, *config, &load_log);
   if (!backend.ok()) return fail(backend.status());
   if (!options.json) {
-    std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(), load_log.c_str());
+    std::fprintf(stderr, "loaded %s%s: weights\n%s", options.model_path.c_str(),
+                 *device == "cuda" ? " on CUDA" : "", load_log.c_str());
   }
   // One window at a time, prefilled in chunks of at most 512 tokens; nothing is shared
   // between windows (they start at different offsets), so the prefix cache is off.
@@ -197,6 +230,9 @@ int RunPerplexityCommand(int argc, char** argv) {
   if (options.json) {
     nlohmann::json line = {
         {"model", options.model_path},
+        {"device", *device},
+        {"quantization", options.quantization.empty() ? "none" : options.quantization},
+        {"kv_dtype", kernels::cpu::KvDtypeName(options.forward_pass.kv_dtype)},
         {"text", options.text_path},
         {"tokens", result->num_tokens},
         {"scored", result->scored},

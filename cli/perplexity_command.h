@@ -57,8 +57,10 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
                                                    const PerplexityOptions& options);
 
 /// `loom perplexity --model PATH --text FILE [--context N] [--stride S]
-/// [--max-tokens M] [--threads T] [--kv-dtype f16|f32|int8|fp8_e4m3] [--json]`: perplexity of the
-/// text's tokens (the first M when given) under the model. argv[0] is "perplexity".
+/// [--max-tokens M] [--threads T] [--kv-dtype f16|f32|int8|fp8_e4m3] [--device cuda|cpu|auto]
+/// [--quantization int8|int4|fp8] [--json]`: perplexity of the text's tokens (the first M when
+/// given) under the model, on the device and in the weights' form a worker would serve it
+/// with the same flags. argv[0] is "perplexity".
 /// Returns the exit code.
 int RunPerplexityCommand(int argc, char** argv);
 

@@ -15,6 +15,9 @@
   135M model (measured here: RTN ~1.5x, AWQ ~1.15x the reference), so it is held to a sanity
   bound (2x; a broken INT4 path gives thousands) and AWQ to beating RTN; the measured figures
   on a longer text are bench/quantization_bench.py's.
+* perplexity --quantization int8 (quantized in memory, as the worker serves it) gives the INT8
+  file's figure exactly; fp8 (CUDA only) and --device cuda without a GPU are refused with the
+  reason (the GPU window measures FP8's perplexity: tests/gpu/fp8_perplexity.py).
 
 Texts come from the Python documentation (Debian's python3-doc, installed by
 scripts/install-deps.sh): held-out text from the tutorial, calibration text from the library
@@ -140,6 +143,33 @@ def test_perplexity_rejects_bad_windows(model_path, texts):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--text" in done.stderr
+
+
+def test_perplexity_quantizes_at_load_as_the_worker_does(quantized, model_path, texts):
+    # --quantization int8 quantizes in memory as `loom-worker --quantization int8` serves:
+    # the same values as the file `loom quantize --format int8` wrote, so the same figure.
+    in_memory = perplexity(model_path, texts["held_out"], *PPL_ARGS, "--quantization", "int8")
+    from_file = perplexity(quantized["int8"], texts["held_out"], *PPL_ARGS)
+    assert in_memory["quantization"] == "int8" and from_file["quantization"] == "none"
+    assert in_memory["device"] == "cpu"
+    assert in_memory["perplexity"] == pytest.approx(from_file["perplexity"], rel=1e-9)
+
+
+def test_perplexity_refuses_fp8_and_cuda_where_they_cannot_run(model_path, texts):
+    args = [str(LOOM_BIN), "perplexity", "--model", str(model_path), "--text",
+            str(texts["held_out"]), "--max-tokens", "64"]
+    done = subprocess.run(args + ["--quantization", "fp8", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "--quantization fp8" in done.stderr and "--device cuda" in done.stderr
+    done = subprocess.run(args + ["--quantization", "fp4"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--quantization" in done.stderr
+    if not os.path.exists("/dev/nvidiactl"):
+        done = subprocess.run(args + ["--device", "cuda"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 1
+        assert "FAILED_PRECONDITION" in done.stderr and "--device cuda" in done.stderr
 
 
 def test_quantized_models_load_and_generate(quantized):
