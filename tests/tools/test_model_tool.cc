@@ -15,6 +15,20 @@
 //       Q8_0 embeddings and output (a GPU serving benchmark's model, written in seconds by
 //       WriteLargeRandom; --layers: 32 unless given). Prints bytes_per_token=N: the bytes a
 //       decode step reads (every tensor but the embedding table).
+//   test_model_tool tokens --metadata META OUT FILE...
+//       OUT: META's tokenizer's ids of each FILE's text (BOS as the tokenizer adds it,
+//       special-token text not parsed, as `loom perplexity` reads a text), concatenated,
+//       uint32 little-endian: the training data tests/gpu/fp8_perplexity.py trains on.
+//       Prints tokens=N files=F vocab=V (V: the tokenizer's vocabulary, the model's rows).
+//   test_model_tool trained --metadata META --tensors FILE OUT
+//       OUT: a llama model with META's tokenizer and chat template and the weights of the
+//       safetensors FILE (GGUF tensor names, row-major [rows, cols], F32 or BF16; every
+//       tensor of the model and no other), matrices and embeddings stored BF16, norms F32.
+//       Its shapes come from FILE's __metadata__ (hidden, heads, kv_heads, head_dim, ffn,
+//       layers, context_length); RMSNorm epsilon 1e-5, RoPE base 10000 over pairs
+//       (2i, 2i+1), the output head tied to the embeddings, as RandomModelImage lays out a
+//       llama: the model tests/gpu/fp8_perplexity.py trains on the GPU machine.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,9 +43,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/formats/file_image.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/gguf_writer.h"
+#include "common/formats/safetensors_file.h"
 #include "common/status_macros.h"
+#include "common/tokenizer/tokenizer.h"
+#include "kernels/cuda/types.h"
 #include "tests/common/random_model.h"
 
 namespace loom::common::testing {
@@ -236,11 +255,101 @@ absl::Status WriteRandom(std::string_view shape, const std::string& metadata, ui
   return writer.WriteFile(out);
 }
 
+absl::Status WriteTokens(const std::string& metadata, const std::string& out,
+                         const std::vector<std::string>& files) {
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> meta, GgufFile::Open(metadata));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromGguf(*meta));
+  std::vector<uint32_t> ids;
+  for (const std::string& file : files) {
+    LOOM_ASSIGN_OR_RETURN(FileImage text, FileImage::Map(file, "text file"));
+    const std::string_view view(reinterpret_cast<const char*>(text.data()), text.size());
+    for (int32_t id : tokenizer->Encode(view, /*add_special=*/true, /*parse_special=*/false)) {
+      ids.push_back(static_cast<uint32_t>(id));
+    }
+  }
+  std::FILE* f = std::fopen(out.c_str(), "wb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot write ", out));
+  const size_t written = std::fwrite(ids.data(), sizeof(uint32_t), ids.size(), f);
+  if (std::fclose(f) != 0 || written != ids.size()) {
+    return absl::DataLossError(absl::StrCat("short write to ", out));
+  }
+  std::printf("tokens=%zu files=%zu vocab=%d\n", ids.size(), files.size(), tokenizer->vocab_size());
+  return absl::OkStatus();
+}
+
+// A shape field of the trained weights' __metadata__.
+absl::StatusOr<int64_t> TrainedField(const SafetensorsFile& weights, const std::string& key) {
+  const auto it = weights.metadata().find(key);
+  int64_t value = 0;
+  if (it == weights.metadata().end() || !absl::SimpleAtoi(it->second, &value) || value < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights.path(), ": __metadata__ needs a positive integer \"", key, "\""));
+  }
+  return value;
+}
+
+absl::Status WriteTrained(const std::string& metadata, const std::string& tensors,
+                          const std::string& out) {
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> meta, GgufFile::Open(metadata));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> weights, SafetensorsFile::Open(tensors));
+  LOOM_ASSIGN_OR_RETURN(RandomModelSpec spec, SpecFor("tiny", *meta, /*seed=*/1, /*layers=*/0));
+  LOOM_ASSIGN_OR_RETURN(spec.hidden, TrainedField(*weights, "hidden"));
+  LOOM_ASSIGN_OR_RETURN(spec.heads, TrainedField(*weights, "heads"));
+  LOOM_ASSIGN_OR_RETURN(spec.kv_heads, TrainedField(*weights, "kv_heads"));
+  LOOM_ASSIGN_OR_RETURN(spec.head_dim, TrainedField(*weights, "head_dim"));
+  LOOM_ASSIGN_OR_RETURN(spec.ffn, TrainedField(*weights, "ffn"));
+  LOOM_ASSIGN_OR_RETURN(spec.layers, TrainedField(*weights, "layers"));
+  LOOM_ASSIGN_OR_RETURN(const int64_t context, TrainedField(*weights, "context_length"));
+  spec.matrix_types = {kGgmlBF16};
+  spec.embedding_type = kGgmlBF16;
+  // The random model of the same spec gives every tensor's name, GGUF shape and type.
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> layout, RandomModelImage(spec));
+  if (layout->tensors().size() != weights->tensors().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(tensors, " holds ", weights->tensors().size(),
+                                                   " tensors, the model has ",
+                                                   layout->tensors().size()));
+  }
+  GgufWriter writer;
+  writer.CopyMetadata(*layout);
+  for (const auto& [key, value] : meta->metadata()) {
+    if (absl::StartsWith(key, "tokenizer.")) writer.Set(key, value);
+  }
+  writer.SetString("general.name", "trained llama (tests/gpu/fp8_perplexity.py)");
+  writer.SetUint32(spec.arch + ".context_length", static_cast<uint32_t>(context));
+  for (const GgufTensorInfo& tensor : layout->tensors()) {
+    const SafetensorsTensorInfo* info = weights->FindTensor(tensor.name);
+    if (info == nullptr) return absl::NotFoundError(absl::StrCat(tensors, " lacks ", tensor.name));
+    // GGUF lists dimensions innermost first, safetensors outermost first.
+    if (!std::equal(tensor.shape.rbegin(), tensor.shape.rend(), info->shape.begin(),
+                    info->shape.end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          tensor.name, ": shape [", absl::StrJoin(info->shape, ", "), "] is not the model's"));
+    }
+    if (info->dtype != SafetensorsDtype::kF32 && info->dtype != SafetensorsDtype::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(tensor.name, ": ",
+                                                     std::string(SafetensorsDtypeName(info->dtype)),
+                                                     " (F32 or BF16 expected)"));
+    }
+    const absl::Span<const uint8_t> data = weights->TensorData(*info);
+    std::vector<float> values(data.size() / SafetensorsDtypeSize(info->dtype));
+    kernels::cuda::ConvertToFloat(info->dtype == SafetensorsDtype::kF32
+                                      ? kernels::cuda::DataType::kF32
+                                      : kernels::cuda::DataType::kBF16,
+                                  data.data(), static_cast<int64_t>(values.size()), values.data());
+    const std::string bytes = EncodeAs(static_cast<uint32_t>(tensor.type), values);
+    LOOM_RETURN_IF_ERROR(writer.AddTensor(tensor.name, tensor.shape, tensor.type,
+                                          std::vector<uint8_t>(bytes.begin(), bytes.end())));
+  }
+  return writer.WriteFile(out);
+}
+
 int Usage() {
   std::fprintf(stderr,
                "usage: test_model_tool metadata SRC OUT\n"
                "       test_model_tool random --shape tiny|default|llama3-8b-bf16|llama3-8b-int4\n"
-               "                       --metadata META [--seed N] [--layers N] OUT\n");
+               "                       --metadata META [--seed N] [--layers N] OUT\n"
+               "       test_model_tool tokens --metadata META OUT FILE...\n"
+               "       test_model_tool trained --metadata META --tensors FILE OUT\n");
   return 2;
 }
 
@@ -271,6 +380,11 @@ int Main(int argc, char** argv) {
     }
     if (shape.empty() || metadata.empty() || out.empty()) return Usage();
     status = WriteRandom(shape, metadata, seed, layers, out);
+  } else if (args.size() >= 5 && args[0] == "tokens" && args[1] == "--metadata") {
+    status = WriteTokens(args[2], args[3], std::vector<std::string>(args.begin() + 4, args.end()));
+  } else if (args.size() == 6 && args[0] == "trained" && args[1] == "--metadata" &&
+             args[3] == "--tensors") {
+    status = WriteTrained(args[2], args[4], args[5]);
   } else {
     return Usage();
   }
