@@ -30,7 +30,9 @@ CPU) it trains on the CPU and measures the CPU and PyTorch figures only.
 
 Writes one JSON (--out): shapes, training (steps, tokens, seconds, last loss), each
 perplexity, the ratios, "passed" and, when it did not, "error". Exit status 0 when passed.
-Run by tests/gpu/quick.sh's bench step; PyTorch is the window's own.
+Run by tests/gpu/quick.sh's bench step; PyTorch is the window's own. Loom's processes get
+LOOM_CHILD_LD_LIBRARY_PATH as their LD_LIBRARY_PATH (the bundle's libraries), as
+serve_smoke.py's do, so that they never shadow PyTorch's.
 """
 import argparse
 import ctypes
@@ -43,6 +45,9 @@ import struct
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from serve_smoke import child_environment  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HELD_OUT = "docs/ARCHITECTURE.md"
@@ -258,7 +263,7 @@ def read_tokens(path):
 
 def run(command, timeout):
     done = subprocess.run([str(c) for c in command], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=child_environment())
     if done.returncode != 0:
         raise Failed(f"{' '.join(map(str, command[:3]))} exited {done.returncode}: "
                      f"{done.stderr.strip()[-1500:]}")

@@ -176,6 +176,30 @@ def build(work, out, final):
                              + (f"; worker step {row['worker_step_ms']:.2f} ms (forward "
                                 f"{row['worker_execute_ms']:.2f}, sampling "
                                 f"{row['worker_sample_ms']:.2f})" if "worker_step_ms" in row else ""))
+            # serve_bench.py --kv-dtypes: one line per KV dtype at the same KV byte budget.
+            for row in data.get("kv_dtypes", []):
+                lines.append(f"  {row['kv_dtype']} KV, {row['pool_blocks']} blocks = "
+                             f"{row['pool_tokens']} tokens ({row['pool_mib']:.1f} MiB): "
+                             f"{row['output_tokens_per_s']:.1f} output tokens/s"
+                             + (f", {row['ratio_to_f16']:.2f}x F16 (target {data['target']})"
+                                if "ratio_to_f16" in row else "")
+                             + f"; TTFT p50 {row['ttft_ms_p50']:.1f} ms p99 "
+                             f"{row['ttft_ms_p99']:.1f} ms, ITL p50 {row['itl_ms_p50']:.2f} ms "
+                             f"p99 {row['itl_ms_p99']:.2f} ms; "
+                             f"{row['worker_mean_batch']:.1f} sequences a step, "
+                             f"{row['preemptions']} preemptions")
+            # fp8_perplexity.py: each perplexity of the trained model, FP8 over BF16.
+            if isinstance(data.get("perplexity"), dict):
+                training = data.get("training", {})
+                lines.append("  perplexity " + ", ".join(
+                    f"{k} {v:.3f}" for k, v in data["perplexity"].items())
+                    + (f"; FP8 / BF16 {data['fp8_over_bf16']:.4f} (target {data['target']})"
+                       if "fp8_over_bf16" in data else "")
+                    + (f"; trained {training.get('steps')} steps, "
+                       f"{training.get('seconds')} s, last loss {training.get('last_loss')}"
+                       if training else ""))
+            if data.get("error"):
+                lines.append(f"  error: {str(data['error'])[:600]}")
             for row in data.get("comparisons", []):
                 lines.append(f"  {row['kernel']} {row.get('dtype', '')} {row['shape']}: "
                              f"Loom / PyTorch {row['loom_over_torch']:.3f}"
