@@ -33,7 +33,7 @@ Commands (idle machine; LLAMACPP_BUILD_ROOT as given to setup_llamacpp.sh, defau
   LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/cpu_vs_llamacpp.py --isa avx512
 
 usage: bench/cpu_vs_llamacpp.py --isa avx2|avx512 [--threads 2] [--tokens 128] [--passes 2]
-       [--cpus 0-1] [--wait-quiet S] [--model PATH] [--llama-build avx2|native] [--out PATH]
+       [--cpus 0-1] [--wait-quiet S] [--model PATH] [--llama-build avx2|avx512|native] [--out PATH]
 Loom's binaries come from $LOOM_BUILD_DIR (default build/).
 """
 import argparse

@@ -176,6 +176,8 @@ def main() -> None:
     parser.add_argument("--isa", choices=["avx2", "avx512"], default="avx512")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=2, help="speed passes per engine")
+    parser.add_argument("--llama-build", help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default: "
+                                              "avx2 for --isa avx2, else native)")
     parser.add_argument("--ppl-tokens", type=int, default=8192)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -190,7 +192,7 @@ def main() -> None:
         print(json.dumps(llama_perplexity(args.llama_perplexity, str(ROOT / "docs" / "ARCHITECTURE.md"),
                                           args.context, args.ppl_tokens, args.threads)))
         return
-    build = "avx2" if args.isa == "avx2" else "native"
+    build = args.llama_build or ("avx2" if args.isa == "avx2" else "native")
     CACHE.mkdir(parents=True, exist_ok=True)
     f32 = CACHE / "default-f32.gguf"
     q4km = CACHE / "default-Q4_K_M.gguf"
@@ -238,7 +240,7 @@ def main() -> None:
     speed_json = pathlib.Path(args.out).with_name(f"kquant_q4_k_m_speed_{args.isa}.json")
     subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_vs_llamacpp.py"), "--isa", args.isa,
                     "--model", str(q4km), "--threads", str(args.threads), "--passes",
-                    str(args.passes), "--out", str(speed_json), "--note",
+                    str(args.passes), "--llama-build", build, "--out", str(speed_json), "--note",
                     "Q4_K_M made by llama.cpp's quantizer (bench/kquant_bench.py)"], check=True)
     speed = json.loads(speed_json.read_text())
     result = {

@@ -9,6 +9,10 @@
 #
 #   bench/setup_llamacpp.sh avx2           -> $ROOT/llamacpp-avx2/python   (AVX2+FMA+F16C, AVX-512 off)
 #   bench/setup_llamacpp.sh native         -> $ROOT/llamacpp-native/python (-march=native)
+#   bench/setup_llamacpp.sh avx512         -> $ROOT/llamacpp-avx512/python (AVX-512 with VNNI, VBMI
+#                                             and BF16, AVX-VNNI; AMX off: on a 2026-12-05 Xeon
+#                                             with AMX, -march=native's AMX matmul segfaulted in
+#                                             llama_decode on the default Q4_1 model)
 #   bench/setup_llamacpp.sh avx2 server    -> also $ROOT/llamacpp-avx2/bin/llama-server
 #
 # ROOT is $LLAMACPP_BUILD_ROOT (default: <repo>/build); the benches take the same variable,
@@ -17,7 +21,7 @@
 # Use with PYTHONPATH=$ROOT/llamacpp-<isa>/python (numpy-free: ctypes only).
 # The build runs under `nice -n 10` with $CMAKE_BUILD_PARALLEL_LEVEL jobs (default 2).
 set -euo pipefail
-usage="usage: setup_llamacpp.sh avx2|native [server]"
+usage="usage: setup_llamacpp.sh avx2|avx512|native [server]"
 isa="${1:?${usage}}"
 want_server=0
 case "${2:-}" in
@@ -42,6 +46,10 @@ case "${isa}" in
   avx2)   isa_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
                     -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
                     -DGGML_AVX512_VBMI=OFF -DGGML_AVX_VNNI=OFF) ;;
+  avx512) isa_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                    -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+                    -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
+                    -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
   native) isa_args=(-DGGML_NATIVE=ON) ;;
   *) echo "setup_llamacpp.sh: unknown ISA '${isa}' (${usage})" >&2; exit 2 ;;
 esac
