@@ -176,6 +176,10 @@ def main() -> None:
     parser.add_argument("--isa", choices=["avx2", "avx512"], default="avx512")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=2, help="speed passes per engine")
+    parser.add_argument("--wait-quiet", type=float, default=300, metavar="S",
+                        help="the speed passes wait up to S seconds for a quiet machine before "
+                             "each part (cpu_vs_llamacpp.py's flag; the perplexity runs before "
+                             "them load both cores)")
     parser.add_argument("--llama-build", help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default: "
                                               "avx2 for --isa avx2, else native)")
     parser.add_argument("--ppl-tokens", type=int, default=8192)
@@ -240,7 +244,8 @@ def main() -> None:
     speed_json = pathlib.Path(args.out).with_name(f"kquant_q4_k_m_speed_{args.isa}.json")
     subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_vs_llamacpp.py"), "--isa", args.isa,
                     "--model", str(q4km), "--threads", str(args.threads), "--passes",
-                    str(args.passes), "--llama-build", build, "--out", str(speed_json), "--note",
+                    str(args.passes), "--llama-build", build, "--wait-quiet", str(args.wait_quiet),
+                    "--out", str(speed_json), "--note",
                     "Q4_K_M made by llama.cpp's quantizer (bench/kquant_bench.py)"], check=True)
     speed = json.loads(speed_json.read_text())
     result = {
