@@ -22,7 +22,6 @@
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/cuda_device.h"
 #include "nlohmann/json.hpp"
-#include "quant/model_quantizer.h"
 #include "worker/step_backend_factory.h"
 
 namespace loom::cli {
@@ -187,12 +186,8 @@ int RunPerplexityCommand(int argc, char** argv) {
   }
   auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
-  if (options.quantization == "int8" || options.quantization == "int4") {
-    gguf = quant::QuantizeInMemory(**gguf, options.quantization == "int8"
-                                               ? quant::QuantizeFormat::kInt8
-                                               : quant::QuantizeFormat::kInt4);
-    if (!gguf.ok()) return fail(gguf.status());
-  }
+  gguf = QuantizeAsFlagged(options.quantization, *std::move(gguf));
+  if (!gguf.ok()) return fail(gguf.status());
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);
   if (!tokenizer.ok()) return fail(tokenizer.status());
   // Plain text: BOS as the model's tokenizer adds it, special-token text not parsed.
@@ -208,8 +203,7 @@ int RunPerplexityCommand(int argc, char** argv) {
   auto config = common::ModelConfigFromGguf(**gguf);
   if (!config.ok()) return fail(config.status());
   options.forward_pass.device = *device;
-  options.forward_pass.fp8_weights = options.quantization == "fp8";
-  options.forward_pass.fp8_checkpoints = options.quantization.empty();
+  SetFp8Weights(options.quantization, options.forward_pass);
   options.forward_pass.num_kv_blocks =
       std::max<int64_t>(1, PerplexityKvBlocks(options.context, options.forward_pass.block_size));
   std::string load_log;

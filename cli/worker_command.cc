@@ -29,7 +29,6 @@
 #include "model/cpu_kv_cache.h"
 #include "model/kv_cache_budget.h"
 #include "model/kv_layout.h"
-#include "quant/model_quantizer.h"
 #include "worker/communicator_factory.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/draft_model.h"
@@ -49,11 +48,9 @@
 
 namespace loom::cli {
 
-using quant::QuantizeFormat;
 using worker::KvHostTier;
 using worker::StepProgress;
 
-using quant::QuantizeInMemory;
 using worker::AdvertiseHost;
 using worker::CommunicatorOptions;
 using worker::ConnectCommunicator;
@@ -185,12 +182,7 @@ absl::StatusOr<ServedModel> LoadModel(const WorkerOptions& options) {
   LOOM_ASSIGN_OR_RETURN(model.gguf, common::OpenModelFile(options.model_path));
   LOOM_ASSIGN_OR_RETURN(model.config, common::ModelConfigFromGguf(*model.gguf));
   model.fingerprint = common::ModelFingerprint(*model.gguf);
-  // fp8 quantizes on the GPU's upload (StepBackendOptions::fp8_weights), not here.
-  if (!options.quantization.empty() && options.quantization != "fp8") {
-    LOOM_ASSIGN_OR_RETURN(model.gguf, QuantizeInMemory(*model.gguf, options.quantization == "int8"
-                                                                        ? QuantizeFormat::kInt8
-                                                                        : QuantizeFormat::kInt4));
-  }
+  LOOM_ASSIGN_OR_RETURN(model.gguf, QuantizeAsFlagged(options.quantization, std::move(model.gguf)));
   return model;
 }
 
@@ -302,8 +294,7 @@ StepBackendOptions BackendOptionsOf(const WorkerOptions& options, const Placemen
   backend_options.kv_dtype = options.kv_dtype;
   backend_options.share_kv_pool = options.kv_pool_shared_memory;
   backend_options.activations = options.activations;
-  backend_options.fp8_weights = options.quantization == "fp8";
-  backend_options.fp8_checkpoints = options.quantization.empty();
+  SetFp8Weights(options.quantization, backend_options);
   backend_options.cuda_graphs = options.cuda_graphs;
   backend_options.max_num_tokens = options.max_num_batched_tokens;
   backend_options.tp_rank = parallel.tp_rank;

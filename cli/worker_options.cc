@@ -13,8 +13,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/command_line.h"
+#include "common/formats/gguf_file.h"
 #include "kernels/cuda_device.h"
 #include "model/kv_cache_budget.h"
+#include "quant/model_quantizer.h"
+#include "worker/step_backend_factory.h"
 
 namespace loom::cli {
 
@@ -102,6 +105,18 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
                         kernels::cpu::KvDtypeName(kv_dtype)));
   }
   return std::string("cuda");
+}
+
+absl::StatusOr<std::unique_ptr<common::GgufFile>> QuantizeAsFlagged(
+    absl::string_view quantization, std::unique_ptr<common::GgufFile> gguf) {
+  if (quantization != "int8" && quantization != "int4") return gguf;
+  return quant::QuantizeInMemory(
+      *gguf, quantization == "int8" ? quant::QuantizeFormat::kInt8 : quant::QuantizeFormat::kInt4);
+}
+
+void SetFp8Weights(absl::string_view quantization, worker::StepBackendOptions& backend) {
+  backend.fp8_weights = quantization == "fp8";
+  backend.fp8_checkpoints = quantization.empty();
 }
 
 absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_count) {

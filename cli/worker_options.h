@@ -1,18 +1,25 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
-#include <string>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
-
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/kv_cache_budget.h"
+
+namespace loom::common {
+class GgufFile;
+}
+namespace loom::worker {
+struct StepBackendOptions;
+}
 
 namespace loom::cli {
 
@@ -143,6 +150,15 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
 /// no such device), else `rank` modulo the device count. Two ranks of one group on one GPU
 /// (more ranks than devices) is allowed here; NCCL may refuse it at connect time.
 absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_count);
+
+/// What --quantization does to a loaded model, for `loom-worker` and `loom perplexity` alike:
+/// int8/int4 give `gguf` quantized in memory (quant::QuantizeInMemory, round to nearest);
+/// fp8 (quantized as the GPU uploads it) and "" (as stored) give it back unchanged.
+absl::StatusOr<std::unique_ptr<common::GgufFile>> QuantizeAsFlagged(
+    absl::string_view quantization, std::unique_ptr<common::GgufFile> gguf);
+/// --quantization's part in the backend: fp8 asks for FP8 weights; "" serves an FP8
+/// checkpoint's layers as stored (on the FP8 GEMM where the GPU has one).
+void SetFp8Weights(absl::string_view quantization, worker::StepBackendOptions& backend);
 
 /// The CPU KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
 /// MemAvailable, else 512 MiB (model::HostKvBudgetBytes). On CUDA the fraction is of the

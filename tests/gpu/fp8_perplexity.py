@@ -54,6 +54,9 @@ HELD_OUT = "docs/ARCHITECTURE.md"
 TEXT_SUFFIXES = {".md", ".cc", ".h", ".cu", ".cuh", ".py", ".sh", ".proto", ".yaml", ".txt"}
 SKIPPED_DIRS = {"models", "bench/results", "shared"}
 RMS_EPS, ROPE_BASE = 1e-5, 10000.0
+# A layer's tensors, blk.N.<part>.weight (tests/common/random_model.h's llama layout).
+LAYER_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+               "ffn_up", "ffn_down")
 
 
 class Failed(Exception):
@@ -109,12 +112,8 @@ def write_safetensors(path, tensors, metadata):
 
 def gguf_names(layers):
     """Loom's llama tensor names (tests/common/random_model.h's layout)."""
-    names = ["token_embd.weight", "output_norm.weight"]
-    for layer in range(layers):
-        names += [f"blk.{layer}.{part}.weight" for part in (
-            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-    return names
+    return ["token_embd.weight", "output_norm.weight"] + [
+        f"blk.{layer}.{part}.weight" for layer in range(layers) for part in LAYER_PARTS]
 
 
 def build_model(torch, shape):
@@ -188,8 +187,7 @@ def build_model(torch, shape):
             named = {"token_embd.weight": self.token_embd.weight,
                      "output_norm.weight": self.output_norm.weight}
             for layer, block in enumerate(self.blocks):
-                for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                             "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"):
+                for part in LAYER_PARTS:
                     named[f"blk.{layer}.{part}.weight"] = getattr(block, part).weight
             return named
 
@@ -277,7 +275,7 @@ def main():
     parser.add_argument("--metadata", required=True, help="the default model's metadata GGUF")
     parser.add_argument("--work", required=True, help="a folder for the data and the model")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--train-seconds", type=float, default=35)
+    parser.add_argument("--train-seconds", type=float, default=30)
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--heads", type=int, default=6)
