@@ -260,7 +260,10 @@ def test_no_replica_is_a_503_and_full_queues_a_429(tmp_path):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    picker = Picker(tmp_path, max_num_seqs=1, max_waiting=1)
+    # The worker is stopped on purpose: liveness must not give up on it (and fail the held
+    # requests) while the test counts them, however slow the machine.
+    picker = Picker(tmp_path, max_num_seqs=1, max_waiting=1, step_timeout_ms=3600000,
+                    heartbeat_timeout_ms=3600000)
     worker = None
     try:
         status, error, _ = immediate(picker.process([request_headers("/v1/completions"),
