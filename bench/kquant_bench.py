@@ -8,13 +8,18 @@ GGUF of its values (the bundled Q4_1 weights dequantized). Then, on that one fil
 * no tensor changed: every matrix as Loom's CPU backend packs it (tests/tools/
   gguf_dequant_tool --packed) against gguf's dequantization, bit for bit (value for value for
   Q3_K), and the type of every tensor llama.cpp chose;
-* perplexity of the repository's docs/ARCHITECTURE.md (its first --ppl-tokens tokens) under
-  both engines, with the same windows (`loom perplexity`'s: --context tokens every
-  context / 2, each token scored once, from the logits of the position before it): the ratio
-  and the token counts each engine scored (the same count says the tokenizers agree); Loom
-  with --activations int8 (llama.cpp's own arithmetic: Q8_0 activations for the legacy
-  formats, Q8_K for the K-quants) and with float activations, on the Q4_K_M file and on the
-  original Q4_1 one;
+* perplexity of the repository's docs/ARCHITECTURE.md (all of it, or its first --ppl-tokens
+  tokens) under both engines, with the same windows (`loom perplexity`'s: --context tokens
+  every context / 2, each token scored once, from the logits of the position before it):
+  the ratio and the token counts each engine scored (the same count says the tokenizers
+  agree); Loom with --activations int8 (llama.cpp's own arithmetic: Q8_0 activations for the
+  legacy formats, Q8_K for the K-quants) and with float activations, on the Q4_K_M file and
+  on the original Q4_1 one. The ratio comes with its 95% interval from the paired per-token
+  differences (`loom perplexity --nll-out` against llama.cpp's logits, token by token):
+  rounding activations to int8 perturbs each token's NLL by ~0.1 nats in a pattern that
+  any difference in float order reshuffles, so two correct int8 engines differ by ~0.11%
+  (one standard error) on 8,192 tokens, and "equal within 0.1%" can only be resolved on a
+  longer text (the whole file, ~49 k tokens: ~0.045%);
 * speed: bench/cpu_vs_llamacpp.py on the Q4_K_M file (prefill pp512, decode tg128, batched
   decode, alternating passes, medians) and its ratios.
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -42,6 +48,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD_DIR = pathlib.Path(os.environ.get("LOOM_BUILD_DIR", ROOT / "build"))
 LLAMACPP_ROOT = pathlib.Path(os.environ.get("LLAMACPP_BUILD_ROOT", ROOT / "build"))
 CACHE = ROOT / "bench" / ".cache" / "kquant"
+# The text both engines score: docs/ARCHITECTURE.md as it was when the run began (an edit
+# during a run would give the engines different tokens).
+TEXT = CACHE / "perplexity_text.md"
 LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
 
 
@@ -69,7 +78,7 @@ def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threa
     raw = pathlib.Path(text).read_bytes()
     buffer = (L.llama_token * (len(raw) + 16))()
     count = L.llama_tokenize(vocab, raw, len(raw), buffer, len(buffer), False, False)
-    tokens = list(buffer[:count])[:max_tokens]
+    tokens = list(buffer[:count])[:max_tokens or None]
     params = L.llama_context_default_params()
     params.n_ctx = context + 16
     params.n_batch = params.n_ubatch = context
@@ -77,7 +86,7 @@ def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threa
     ctx = L.llama_init_from_model(mdl, params)
     batch = L.llama_batch_init(context, 0, 1)
     stride = context // 2
-    nll, scored, previous_end = 0.0, 0, 0
+    nll, scored, previous_end, token_nll = 0.0, 0, 0, []
     for begin in range(0, len(tokens), stride):
         end = min(begin + context, len(tokens))
         score_begin = max(previous_end, begin + 1)
@@ -100,6 +109,7 @@ def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threa
             top = logits.max()
             log_z = top + math.log(np.exp(logits - top).sum())
             nll += log_z - logits[tokens[t]]
+            token_nll.append(float(log_z - logits[tokens[t]]))
             scored += 1
         if end == len(tokens):
             break
@@ -107,7 +117,22 @@ def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threa
     L.llama_free(ctx)
     L.llama_model_free(mdl)
     return {"perplexity": math.exp(nll / scored), "nll": nll / scored, "scored": scored,
-            "tokens": len(tokens)}
+            "tokens": len(tokens), "token_nll": token_nll}
+
+
+def paired(loom_nll: list, llama_nll: list) -> dict:
+    """Loom over llama.cpp from the per-token NLL differences of the same scored tokens: the
+    perplexity ratio exp(mean difference), its standard error and 95% interval."""
+    import numpy as np
+
+    if len(loom_nll) != len(llama_nll) or len(loom_nll) < 2:
+        raise SystemExit(f"paired comparison needs the same tokens: {len(loom_nll)} vs {len(llama_nll)}")
+    d = np.asarray(loom_nll) - np.asarray(llama_nll)
+    se = float(d.std(ddof=1) / math.sqrt(len(d)))
+    mean = float(d.mean())
+    return {"tokens": len(d), "mean_nll_difference": mean, "stderr": se,
+            "difference_std_per_token": float(d.std(ddof=1)),
+            "ratio": math.exp(mean), "ratio_ci95": [math.exp(mean - 1.96 * se), math.exp(mean + 1.96 * se)]}
 
 
 def in_llama(args: list, **kwargs) -> subprocess.CompletedProcess:
@@ -182,7 +207,10 @@ def main() -> None:
                              "them load both cores)")
     parser.add_argument("--llama-build", help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default: "
                                               "avx2 for --isa avx2, else native)")
-    parser.add_argument("--ppl-tokens", type=int, default=8192)
+    parser.add_argument("--ppl-tokens", type=int, default=0,
+                        help="score the text's first N tokens (default 0: all of it)")
+    parser.add_argument("--reuse-speed", action="store_true",
+                        help="perplexity only: keep kquant_q4_k_m_speed_<isa>.json as it is")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "kquant_q4_k_m.json"))
@@ -193,11 +221,13 @@ def main() -> None:
         llama_quantize(*args.llama_quantize, args.threads)
         return
     if args.llama_perplexity:
-        print(json.dumps(llama_perplexity(args.llama_perplexity, str(ROOT / "docs" / "ARCHITECTURE.md"),
+        print(json.dumps(llama_perplexity(args.llama_perplexity, str(TEXT),
                                           args.context, args.ppl_tokens, args.threads)))
         return
     build = args.llama_build or ("avx2" if args.isa == "avx2" else "native")
     CACHE.mkdir(parents=True, exist_ok=True)
+    TEXT.write_bytes((ROOT / "docs" / "ARCHITECTURE.md").read_bytes())
+    text_sha256 = hashlib.sha256(TEXT.read_bytes()).hexdigest()
     f32 = CACHE / "default-f32.gguf"
     q4km = CACHE / "default-Q4_K_M.gguf"
     if not f32.exists():
@@ -210,13 +240,18 @@ def main() -> None:
           f"matrices changed: {len(unchanged['matrices_changed'])}", flush=True)
 
     def run_loom_perplexity(model, activations):
-        return json.loads(subprocess.run(
+        nll_out = CACHE / "loom_nll.txt"
+        limit = ["--max-tokens", str(args.ppl_tokens)] if args.ppl_tokens > 0 else []
+        result = json.loads(subprocess.run(
             [str(BUILD_DIR / "coordinator" / "loom"), "perplexity", "--model", str(model), "--text",
-             str(ROOT / "docs" / "ARCHITECTURE.md"), "--context", str(args.context), "--json",
-             "--max-tokens", str(args.ppl_tokens), "--threads", str(args.threads),
-             "--activations", activations],
+             str(TEXT), "--context", str(args.context), "--json",
+             *limit, "--threads", str(args.threads), "--activations", activations,
+             "--nll-out", str(nll_out)],
             env=dict(os.environ, LOOM_CPU_ISA=args.isa), capture_output=True, text=True,
             check=True).stdout)
+        token_nll = [float(v) for v in nll_out.read_text().split()]
+        nll_out.unlink()
+        return result, token_nll
 
     def run_llama_perplexity(model):
         return json.loads(in_llama(["--llama-perplexity", str(model), "--context", str(args.context),
@@ -229,24 +264,31 @@ def main() -> None:
     perplexity = {}
     for label, model in (("q4_k_m", q4km), ("q4_1_original", pathlib.Path(args.model))):
         llama = run_llama_perplexity(model)
+        llama_nll = llama.pop("token_nll")
+        llama["nll_stderr"] = paired(llama_nll, [0.0] * len(llama_nll))["stderr"]  # its own spread
         entry = {"llamacpp": llama}
         for activations in ("int8", "f32"):
-            loom = run_loom_perplexity(model, activations)
+            loom, loom_nll = run_loom_perplexity(model, activations)
             entry[f"loom_{activations}"] = loom
             entry[f"loom_{activations}_over_llamacpp"] = loom["perplexity"] / llama["perplexity"]
+            pair = entry[f"loom_{activations}_paired"] = paired(loom_nll, llama_nll)
             print(f"{label} perplexity: loom --activations {activations} {loom['perplexity']:.4f} "
-                  f"({loom['scored']} tokens), llama.cpp {llama['perplexity']:.4f} "
-                  f"({llama['scored']} tokens): ratio "
-                  f"{entry[f'loom_{activations}_over_llamacpp']:.5f} (target within 0.1%)", flush=True)
+                  f"+/- {loom['perplexity_stderr']:.4f} ({loom['scored']} tokens), llama.cpp "
+                  f"{llama['perplexity']:.4f} ({llama['scored']} tokens): ratio "
+                  f"{pair['ratio']:.5f}, 95% interval {pair['ratio_ci95'][0]:.5f}-"
+                  f"{pair['ratio_ci95'][1]:.5f} (target within 0.1%)", flush=True)
         perplexity[label] = entry
     ppl_ratio = perplexity["q4_k_m"]["loom_int8_over_llamacpp"]
+    low, high = perplexity["q4_k_m"]["loom_int8_paired"]["ratio_ci95"]
 
     speed_json = pathlib.Path(args.out).with_name(f"kquant_q4_k_m_speed_{args.isa}.json")
-    subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_vs_llamacpp.py"), "--isa", args.isa,
-                    "--model", str(q4km), "--threads", str(args.threads), "--passes",
-                    str(args.passes), "--llama-build", build, "--wait-quiet", str(args.wait_quiet),
-                    "--out", str(speed_json), "--note",
-                    "Q4_K_M made by llama.cpp's quantizer (bench/kquant_bench.py)"], check=True)
+    reuse_speed = args.reuse_speed and speed_json.exists()
+    if not reuse_speed:
+        subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_vs_llamacpp.py"), "--isa", args.isa,
+                        "--model", str(q4km), "--threads", str(args.threads), "--passes",
+                        str(args.passes), "--llama-build", build, "--wait-quiet", str(args.wait_quiet),
+                        "--out", str(speed_json), "--note",
+                        "Q4_K_M made by llama.cpp's quantizer (bench/kquant_bench.py)"], check=True)
     speed = json.loads(speed_json.read_text())
     result = {
         "benchmark": "kquant_q4_k_m",
@@ -257,10 +299,15 @@ def main() -> None:
                 "(llama-cpp-python 0.3.36) from its Q4_1 values in F32",
         "no_tensor_changed": not unchanged["matrices_changed"],
         **unchanged,
-        "perplexity": {"text": "docs/ARCHITECTURE.md", "context": args.context,
+        "perplexity": {"text": "docs/ARCHITECTURE.md", "text_sha256": text_sha256,
+                       "context": args.context,
                        "stride": args.context // 2, **perplexity,
-                       "q4_k_m_int8_within_0.1_percent": abs(ppl_ratio - 1) <= 1e-3},
-        "speed": {"isa": args.isa, "json": speed_json.name,
+                       "q4_k_m_int8_within_0.1_percent": abs(ppl_ratio - 1) <= 1e-3,
+                       # Equal as far as this text can tell, and whether it tells 0.1% apart.
+                       "q4_k_m_int8_ci95_contains_1": low <= 1 <= high,
+                       "q4_k_m_int8_ci95_inside_0.1_percent": 0.999 <= low and high <= 1.001},
+        "speed": {"isa": args.isa, "json": speed_json.name, "reused": reuse_speed,
+                  "date": speed.get("date"),
                   "loom_over_llamacpp": speed.get("loom_over_llamacpp"),
                   "machine_quiet": speed.get("machine_quiet"),
                   "targets_ge_1.2": {k: v >= 1.2 for k, v in (speed.get("loom_over_llamacpp") or {}).items()}},

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -36,6 +38,7 @@ struct Options {
   bool json = false;
   std::string device = "auto";  // cuda | cpu | auto
   std::string quantization;     // "" (as stored) | int8 | int4 | fp8 (CUDA)
+  std::string nll_out;          // "": none
   worker::StepBackendOptions forward_pass;
 };
 
@@ -68,6 +71,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
                  "output channel on FP8 tensor cores, CUDA compute capability 8.9+ only; "
                  "\"\": as stored)",
                  {"", "int8", "int4", "fp8"});
+  cli::AddString(app, "--nll-out", options.nll_out,
+                 "write each scored token's negative log-likelihood (nats), one per line in "
+                 "text order: for a paired comparison of two runs on the same text, which "
+                 "resolves differences far below the perplexity's own standard error");
   cli::AddBool(app, "--json", options.json, "print the result as JSON");
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.text_path.empty()) {
@@ -104,6 +111,17 @@ absl::StatusOr<std::vector<PerplexityWindow>> PlanPerplexityWindows(int64_t num_
 }
 
 double PerplexityResult::perplexity() const { return std::exp(mean_nll()); }
+
+double PerplexityResult::nll_stderr() const {
+  const int64_t n = static_cast<int64_t>(token_nll.size());
+  if (n < 2) return 0.0;
+  double mean = 0.0;
+  for (double v : token_nll) mean += v;
+  mean /= static_cast<double>(n);
+  double squares = 0.0;
+  for (double v : token_nll) squares += (v - mean) * (v - mean);
+  return std::sqrt(squares / static_cast<double>(n - 1) / static_cast<double>(n));
+}
 
 int64_t PerplexityKvBlocks(int64_t context, int64_t block_size) {
   // The window, and the token the engine samples after it.
@@ -153,6 +171,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
     LOOM_ASSIGN_OR_RETURN(std::vector<EngineResult> scored, engine.Generate({request}));
     for (double logprob : scored[0].prompt_logprobs) {
       result.nll_sum += -logprob;
+      result.token_nll.push_back(-logprob);
       ++result.scored;
     }
   }
@@ -174,6 +193,15 @@ int RunPerplexityCommand(int argc, char** argv) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   const std::string text = buffer.str();
+  // Opened before the model loads, so a path that cannot be written fails at once.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> nll_out(nullptr, &std::fclose);
+  if (!options.nll_out.empty()) {
+    nll_out.reset(std::fopen(options.nll_out.c_str(), "w"));
+    if (nll_out == nullptr) {
+      return fail(absl::InvalidArgumentError(absl::StrFormat(
+          "cannot write --nll-out %s: %s", options.nll_out, std::strerror(errno))));
+    }
+  }
 
   // Where the model runs, decided before loading anything.
   auto device = ResolveDevice(options.device, options.forward_pass.kv_dtype, /*world_size=*/1,
@@ -221,6 +249,13 @@ int RunPerplexityCommand(int argc, char** argv) {
   LocalEngine engine(**backend, **tokenizer, engine_options);
   absl::StatusOr<PerplexityResult> result = ComputePerplexity(engine, tokens, perplexity);
   if (!result.ok()) return fail(result.status());
+  if (nll_out != nullptr) {
+    for (double nll : result->token_nll) std::fprintf(nll_out.get(), "%.17g\n", nll);
+    if (std::fflush(nll_out.get()) != 0 || std::ferror(nll_out.get())) {
+      return fail(absl::InternalError(absl::StrFormat("writing --nll-out %s failed: %s",
+                                                      options.nll_out, std::strerror(errno))));
+    }
+  }
   if (options.json) {
     nlohmann::json line = {
         {"model", options.model_path},
@@ -235,6 +270,8 @@ int RunPerplexityCommand(int argc, char** argv) {
         {"stride", perplexity.stride},
         {"nll", result->mean_nll()},
         {"perplexity", result->perplexity()},
+        {"nll_stderr", result->nll_stderr()},
+        {"perplexity_stderr", result->perplexity_stderr()},
         {"seconds", result->seconds},
         {"tokens_per_second",
          result->seconds > 0 ? static_cast<double>(result->scored) / result->seconds : 0.0}};
@@ -244,8 +281,10 @@ int RunPerplexityCommand(int argc, char** argv) {
                 static_cast<long long>(result->scored), static_cast<long long>(result->num_tokens),
                 static_cast<long long>(result->windows), static_cast<long long>(perplexity.context),
                 static_cast<long long>(perplexity.stride));
-    std::printf("NLL            %.6f nats/token\n", result->mean_nll());
-    std::printf("perplexity     %.4f\n", result->perplexity());
+    std::printf("NLL            %.6f +/- %.6f nats/token\n", result->mean_nll(),
+                result->nll_stderr());
+    std::printf("perplexity     %.4f +/- %.4f\n", result->perplexity(),
+                result->perplexity_stderr());
     std::fprintf(stderr, "%.1f s (%.1f scored tokens/s)\n", result->seconds,
                  result->seconds > 0 ? static_cast<double>(result->scored) / result->seconds : 0.0);
   }

@@ -37,9 +37,18 @@ struct PerplexityResult {
   int64_t windows = 0;
   double nll_sum = 0;  // natural log
   double seconds = 0;  // wall time of the forward passes
+  // Each scored token's negative log-likelihood, in text order (scored of them).
+  std::vector<double> token_nll;
 
   double mean_nll() const { return scored > 0 ? nll_sum / static_cast<double>(scored) : 0.0; }
   double perplexity() const;
+  /// The standard error of mean_nll(): the tokens' sample standard deviation over
+  /// sqrt(scored) (0 below two tokens), as llama.cpp's perplexity reports it. Two runs whose
+  /// figures differ by less than a few of these cannot be told apart on this text; a paired
+  /// comparison (the difference of token_nll, token by token) resolves finer.
+  double nll_stderr() const;
+  /// perplexity() * nll_stderr(): the perplexity's standard error (to first order).
+  double perplexity_stderr() const { return perplexity() * nll_stderr(); }
 };
 
 /// KV blocks of `block_size` tokens one window of `context` tokens takes in the engine
@@ -58,7 +67,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
 
 /// `loom perplexity --model PATH --text FILE [--context N] [--stride S]
 /// [--max-tokens M] [--threads T] [--kv-dtype f16|f32|int8|fp8_e4m3] [--device cuda|cpu|auto]
-/// [--quantization int8|int4|fp8] [--json]`: perplexity of the text's tokens (the first M when
+/// [--quantization int8|int4|fp8] [--nll-out FILE] [--json]`: perplexity of the text's tokens (the first M when
 /// given) under the model, on the device and in the weights' form a worker would serve it
 /// with the same flags. argv[0] is "perplexity".
 /// Returns the exit code.

@@ -142,11 +142,36 @@ TEST(ComputePerplexityTest, ScoresTheTokenThatFollows) {
   const double nll = -std::log(std::exp(3.0) / (std::exp(3.0) + 7.0));
   EXPECT_NEAR(result->mean_nll(), nll, 1e-9);
   EXPECT_EQ(result->scored, 29);
+  ASSERT_EQ(result->token_nll.size(), 29u);
+  for (double token : result->token_nll) EXPECT_NEAR(token, nll, 1e-9);
+  EXPECT_NEAR(result->nll_stderr(), 0.0, 1e-9);  // every token alike
   // A sequence the model never predicts: all scored tokens get p = 1 / (e^3 + 7).
   std::vector<int32_t> constant(30, 5);
   result = ComputePerplexity(*counting.engine, constant, {12, 6});
   ASSERT_TRUE(result.ok());
   EXPECT_NEAR(result->mean_nll(), std::log(std::exp(3.0) + 7.0), 1e-9);
+}
+
+TEST(ComputePerplexityTest, TokensInTextOrderAndTheMeansStandardError) {
+  // Counting tokens broken by a 0 every sixth: the model predicts 20 of the 29 scored
+  // tokens (NLL a) and misses 9 (NLL b), each at its place in the text.
+  CountingEngine counting(3.0f, 512);
+  std::vector<int32_t> tokens(30);
+  for (int i = 0; i < 30; ++i) tokens[i] = i % 6 == 5 ? 0 : i % 8;
+  absl::StatusOr<PerplexityResult> result = ComputePerplexity(*counting.engine, tokens, {12, 6});
+  ASSERT_TRUE(result.ok()) << result.status();
+  const double a = -std::log(std::exp(3.0) / (std::exp(3.0) + 7.0));
+  const double b = std::log(std::exp(3.0) + 7.0);
+  ASSERT_EQ(result->token_nll.size(), 29u);
+  std::vector<double> want;
+  for (int i = 1; i < 30; ++i) want.push_back(tokens[i] == (tokens[i - 1] + 1) % 8 ? a : b);
+  for (int i = 0; i < 29; ++i) EXPECT_NEAR(result->token_nll[i], want[i], 1e-9) << i;
+  double mean = 0, squares = 0;
+  for (double v : want) mean += v / 29.0;
+  for (double v : want) squares += (v - mean) * (v - mean);
+  EXPECT_NEAR(result->mean_nll(), mean, 1e-9);
+  EXPECT_NEAR(result->nll_stderr(), std::sqrt(squares / 28.0 / 29.0), 1e-9);
+  EXPECT_NEAR(result->perplexity_stderr(), std::exp(mean) * result->nll_stderr(), 1e-9);
 }
 
 TEST(ComputePerplexityTest, RejectsWindowsTheForwardPassCannotHold) {

@@ -104,33 +104,49 @@ def reference_windows(n_tokens: int, context: int, stride: int):
     return windows
 
 
-def reference_nll(model: ref.Model, tokens, context: int, stride: int):
-    """(summed NLL, scored tokens) of `tokens` in float64, window by window."""
-    total, scored = 0.0, 0
+def reference_token_nll(model: ref.Model, tokens, context: int, stride: int) -> np.ndarray:
+    """Each scored token's NLL in float64, in text order, window by window."""
+    nll = []
     for begin, end, score_begin in reference_windows(len(tokens), context, stride):
         logits = ref.logits(model, tokens[begin:end])  # [end - begin, vocab]
         for p in range(score_begin, end):
             row = logits[p - 1 - begin]
             top = row.max()
-            total += top + np.log(np.exp(row - top).sum()) - row[tokens[p]]
-            scored += 1
-    return total, scored
+            nll.append(top + np.log(np.exp(row - top).sum()) - row[tokens[p]])
+    return np.array(nll)
 
 
-def test_perplexity_matches_the_numpy_reference(model_path, texts):
+def test_perplexity_matches_the_numpy_reference(model_path, texts, tmp_path):
+    # Token by token (--nll-out), and the figure's standard error as the tokens' spread.
+    nll_out = tmp_path / "nll.txt"
     got = perplexity(model_path, texts["held_out"], "--context", "96", "--stride", "48",
-                     "--max-tokens", "200", "--kv-dtype", "f32")
+                     "--max-tokens", "200", "--kv-dtype", "f32", "--nll-out", nll_out)
     text = texts["held_out"].read_text()
     ids = [int(i) for i in loom("tokenize", "--model", model_path, "--no-parse-special", text).stdout.split()]
     tokens = ids[:200]
     assert got["tokens"] == len(tokens)
     model = ref.load(model_path)
-    nll_sum, scored = reference_nll(model, tokens, 96, 48)
-    assert got["scored"] == scored == len(tokens) - 1
+    want = reference_token_nll(model, tokens, 96, 48)
+    assert got["scored"] == len(want) == len(tokens) - 1
     assert got["windows"] == len(reference_windows(len(tokens), 96, 48))
-    want_nll = nll_sum / scored
+    want_nll = want.mean()
     assert abs(got["nll"] - want_nll) < NLL_TOLERANCE, (got, want_nll)
     assert got["perplexity"] == pytest.approx(np.exp(want_nll), rel=NLL_TOLERANCE * 1.01)
+    token_nll = np.array([float(line) for line in nll_out.read_text().split()])
+    assert len(token_nll) == len(want)
+    assert np.abs(token_nll - want).max() < 10 * NLL_TOLERANCE
+    assert token_nll.mean() == pytest.approx(got["nll"], abs=1e-12)
+    stderr = want.std(ddof=1) / np.sqrt(len(want))
+    assert got["nll_stderr"] == pytest.approx(stderr, rel=1e-3)
+    assert got["perplexity_stderr"] == pytest.approx(got["perplexity"] * got["nll_stderr"], rel=1e-9)
+
+
+def test_perplexity_refuses_an_nll_file_it_cannot_write(model_path, texts, tmp_path):
+    done = subprocess.run([str(LOOM_BIN), "perplexity", "--model", str(model_path), "--text",
+                           str(texts["held_out"]), "--nll-out", str(tmp_path / "no" / "such.txt")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "cannot write --nll-out" in done.stderr and "No such file" in done.stderr
 
 
 def test_perplexity_rejects_bad_windows(model_path, texts):
