@@ -18,8 +18,8 @@ GGUF of its values (the bundled Q4_1 weights dequantized). Then, on that one fil
   differences (`loom perplexity --nll-out` against llama.cpp's logits, token by token):
   rounding activations to int8 perturbs each token's NLL by ~0.1 nats in a pattern that
   any difference in float order reshuffles, so two correct int8 engines differ by ~0.11%
-  (one standard error) on 8,192 tokens, and "equal within 0.1%" can only be resolved on a
-  longer text (the whole file, ~49 k tokens: ~0.045%);
+  (one standard error) on 8,192 tokens, and "equal within 0.1%" needs a longer text (the
+  whole file, ~49 k tokens, measured one standard error of ~0.056%: ±0.11% at 95%);
 * speed: bench/cpu_vs_llamacpp.py on the Q4_K_M file (prefill pp512, decode tg128, batched
   decode, alternating passes, medians) and its ratios.
 
@@ -120,6 +120,13 @@ def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threa
             "tokens": len(tokens), "token_nll": token_nll}
 
 
+def nll_stderr(token_nll) -> float:
+    """The standard error of a mean NLL: the tokens' sample standard deviation / sqrt(n)."""
+    import numpy as np
+
+    return float(np.std(token_nll, ddof=1) / math.sqrt(len(token_nll)))
+
+
 def paired(loom_nll: list, llama_nll: list) -> dict:
     """Loom over llama.cpp from the per-token NLL differences of the same scored tokens: the
     perplexity ratio exp(mean difference), its standard error and 95% interval."""
@@ -128,10 +135,9 @@ def paired(loom_nll: list, llama_nll: list) -> dict:
     if len(loom_nll) != len(llama_nll) or len(loom_nll) < 2:
         raise SystemExit(f"paired comparison needs the same tokens: {len(loom_nll)} vs {len(llama_nll)}")
     d = np.asarray(loom_nll) - np.asarray(llama_nll)
-    se = float(d.std(ddof=1) / math.sqrt(len(d)))
-    mean = float(d.mean())
+    se, mean = nll_stderr(d), float(d.mean())
     return {"tokens": len(d), "mean_nll_difference": mean, "stderr": se,
-            "difference_std_per_token": float(d.std(ddof=1)),
+            "difference_std_per_token": se * math.sqrt(len(d)),
             "ratio": math.exp(mean), "ratio_ci95": [math.exp(mean - 1.96 * se), math.exp(mean + 1.96 * se)]}
 
 
@@ -265,7 +271,7 @@ def main() -> None:
     for label, model in (("q4_k_m", q4km), ("q4_1_original", pathlib.Path(args.model))):
         llama = run_llama_perplexity(model)
         llama_nll = llama.pop("token_nll")
-        llama["nll_stderr"] = paired(llama_nll, [0.0] * len(llama_nll))["stderr"]  # its own spread
+        llama["nll_stderr"] = nll_stderr(llama_nll)
         entry = {"llamacpp": llama}
         for activations in ("int8", "f32"):
             loom, loom_nll = run_loom_perplexity(model, activations)

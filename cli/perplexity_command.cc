@@ -1,11 +1,11 @@
 #include "cli/perplexity_command.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -110,14 +110,19 @@ absl::StatusOr<std::vector<PerplexityWindow>> PlanPerplexityWindows(int64_t num_
   return windows;
 }
 
+double PerplexityResult::mean_nll() const {
+  if (token_nll.empty()) return 0.0;
+  double sum = 0.0;
+  for (double v : token_nll) sum += v;
+  return sum / static_cast<double>(token_nll.size());
+}
+
 double PerplexityResult::perplexity() const { return std::exp(mean_nll()); }
 
 double PerplexityResult::nll_stderr() const {
-  const int64_t n = static_cast<int64_t>(token_nll.size());
+  const int64_t n = scored();
   if (n < 2) return 0.0;
-  double mean = 0.0;
-  for (double v : token_nll) mean += v;
-  mean /= static_cast<double>(n);
+  const double mean = mean_nll();
   double squares = 0.0;
   for (double v : token_nll) squares += (v - mean) * (v - mean);
   return std::sqrt(squares / static_cast<double>(n - 1) / static_cast<double>(n));
@@ -169,11 +174,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
     request.ignore_eos = true;
     request.score_prompt_from = static_cast<int32_t>(window.score_begin - window.begin);
     LOOM_ASSIGN_OR_RETURN(std::vector<EngineResult> scored, engine.Generate({request}));
-    for (double logprob : scored[0].prompt_logprobs) {
-      result.nll_sum += -logprob;
-      result.token_nll.push_back(-logprob);
-      ++result.scored;
-    }
+    for (double logprob : scored[0].prompt_logprobs) result.token_nll.push_back(-logprob);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
@@ -264,7 +265,7 @@ int RunPerplexityCommand(int argc, char** argv) {
         {"kv_dtype", kernels::cpu::KvDtypeName(options.forward_pass.kv_dtype)},
         {"text", options.text_path},
         {"tokens", result->num_tokens},
-        {"scored", result->scored},
+        {"scored", result->scored()},
         {"windows", result->windows},
         {"context", perplexity.context},
         {"stride", perplexity.stride},
@@ -274,19 +275,21 @@ int RunPerplexityCommand(int argc, char** argv) {
         {"perplexity_stderr", result->perplexity_stderr()},
         {"seconds", result->seconds},
         {"tokens_per_second",
-         result->seconds > 0 ? static_cast<double>(result->scored) / result->seconds : 0.0}};
+         result->seconds > 0 ? static_cast<double>(result->scored()) / result->seconds : 0.0}};
     std::printf("%s\n", line.dump().c_str());
   } else {
     std::printf("tokens scored  %lld of %lld (%lld windows of %lld, stride %lld)\n",
-                static_cast<long long>(result->scored), static_cast<long long>(result->num_tokens),
-                static_cast<long long>(result->windows), static_cast<long long>(perplexity.context),
+                static_cast<long long>(result->scored()),
+                static_cast<long long>(result->num_tokens), static_cast<long long>(result->windows),
+                static_cast<long long>(perplexity.context),
                 static_cast<long long>(perplexity.stride));
     std::printf("NLL            %.6f +/- %.6f nats/token\n", result->mean_nll(),
                 result->nll_stderr());
     std::printf("perplexity     %.4f +/- %.4f\n", result->perplexity(),
                 result->perplexity_stderr());
-    std::fprintf(stderr, "%.1f s (%.1f scored tokens/s)\n", result->seconds,
-                 result->seconds > 0 ? static_cast<double>(result->scored) / result->seconds : 0.0);
+    std::fprintf(
+        stderr, "%.1f s (%.1f scored tokens/s)\n", result->seconds,
+        result->seconds > 0 ? static_cast<double>(result->scored()) / result->seconds : 0.0);
   }
   return 0;
 }

@@ -33,14 +33,13 @@ struct PerplexityOptions {
 
 struct PerplexityResult {
   int64_t num_tokens = 0;  // tokens of the text evaluated
-  int64_t scored = 0;      // tokens whose negative log-likelihood is summed
   int64_t windows = 0;
-  double nll_sum = 0;  // natural log
   double seconds = 0;  // wall time of the forward passes
-  // Each scored token's negative log-likelihood, in text order (scored of them).
+  // Each scored token's negative log-likelihood (natural log), in text order.
   std::vector<double> token_nll;
 
-  double mean_nll() const { return scored > 0 ? nll_sum / static_cast<double>(scored) : 0.0; }
+  int64_t scored() const { return static_cast<int64_t>(token_nll.size()); }
+  double mean_nll() const;  // 0 with nothing scored
   double perplexity() const;
   /// The standard error of mean_nll(): the tokens' sample standard deviation over
   /// sqrt(scored) (0 below two tokens), as llama.cpp's perplexity reports it. Two runs whose
@@ -67,9 +66,9 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
 
 /// `loom perplexity --model PATH --text FILE [--context N] [--stride S]
 /// [--max-tokens M] [--threads T] [--kv-dtype f16|f32|int8|fp8_e4m3] [--device cuda|cpu|auto]
-/// [--quantization int8|int4|fp8] [--nll-out FILE] [--json]`: perplexity of the text's tokens (the first M when
-/// given) under the model, on the device and in the weights' form a worker would serve it
-/// with the same flags. argv[0] is "perplexity".
+/// [--quantization int8|int4|fp8] [--nll-out FILE] [--json]`: perplexity of the text's
+/// tokens (the first M when given) under the model, on the device and in the weights' form a
+/// worker would serve it with the same flags. argv[0] is "perplexity".
 /// Returns the exit code.
 int RunPerplexityCommand(int argc, char** argv);
 

@@ -124,7 +124,7 @@ TEST(ComputePerplexityTest, UniformLogitsGiveTheVocabularySize) {
   for (int i = 0; i < 40; ++i) tokens[i] = (i * 3) % 8;
   absl::StatusOr<PerplexityResult> result = ComputePerplexity(*counting.engine, tokens, {16, 8});
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->scored, 39);
+  EXPECT_EQ(result->scored(), 39);
   EXPECT_NEAR(result->perplexity(), 8.0, 1e-9);
   EXPECT_EQ(counting.model->max_position, 15);  // every window restarts at position 0
   EXPECT_EQ(counting.model->steps, 4 * 4);      // 4 windows of 4 chunks
@@ -141,7 +141,7 @@ TEST(ComputePerplexityTest, ScoresTheTokenThatFollows) {
   ASSERT_TRUE(result.ok()) << result.status();
   const double nll = -std::log(std::exp(3.0) / (std::exp(3.0) + 7.0));
   EXPECT_NEAR(result->mean_nll(), nll, 1e-9);
-  EXPECT_EQ(result->scored, 29);
+  EXPECT_EQ(result->scored(), 29);
   ASSERT_EQ(result->token_nll.size(), 29u);
   for (double token : result->token_nll) EXPECT_NEAR(token, nll, 1e-9);
   EXPECT_NEAR(result->nll_stderr(), 0.0, 1e-9);  // every token alike
