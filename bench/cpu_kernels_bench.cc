@@ -216,6 +216,7 @@ constexpr int kThreadCounts[] = {1, 2};
 // The machine's limits per thread count (indexed by 1 and 2), measured in this run.
 struct Limits {
   double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {}, int8_peak[3] = {};
+  double amx_int8_peak[3] = {};  // 0 unless the kernels run AMX
 };
 
 Limits MeasureLimits() {
@@ -225,10 +226,12 @@ Limits MeasureLimits() {
     limits.read_bw[t] = MeasureReadBandwidthGBs(t);
     limits.peak[t] = MeasurePeakGflops(t);
     limits.int8_peak[t] = MeasurePeakInt8Gmacs(t);
+    limits.amx_int8_peak[t] = MeasurePeakAmxInt8Gmacs(t);
     std::printf(
         "threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f "
-        "GFLOP/s, int8 dot peak %.0f GMAC/s\n",
-        t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t], limits.int8_peak[t]);
+        "GFLOP/s, int8 dot peak %.0f GMAC/s, AMX int8 peak %.0f GMAC/s\n",
+        t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t], limits.int8_peak[t],
+        limits.amx_int8_peak[t]);
   }
   return limits;
 }
@@ -334,8 +337,11 @@ void RunSweep(const Options& options, std::string& json) {
 // (same bits), weights in cache (one copy), 1 thread (the pool runs on the calling
 // thread) timed in process CPU time, which a shared machine's other load disturbs far
 // less than wall time: GMAC per CPU-second and the ratio to the 1-thread int8 dot peak
-// measured above (VNNI on AVX-512, vpmaddubsw + vpmaddwd on AVX2; wall time). Appends the
-// "int8act_gemm" rows.
+// measured above (VNNI on AVX-512, vpmaddubsw + vpmaddwd on AVX2; wall time). On an AMX
+// CPU (LOOM_CPU_ISA unset or amx) the GEMM runs twice, on VNNI and on AMX (16-token tiles,
+// m >= 16; the same bits): the AMX column's ratio is to the 1-thread AMX int8 peak (TDPBSUD
+// at K = 64; the kernel's tiles are K = 32, one activation group), its speedup over the
+// VNNI GEMM. Appends the "int8act_gemm" rows.
 void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) {
   namespace internal = loom::kernels::cpu::internal;
   const double* int8_peak = limits.int8_peak;
@@ -345,10 +351,14 @@ void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) 
       "m >= %lld\n",
       int8_peak[1], static_cast<long long>(internal::Int8ActGemmMinTokens()));
   const int64_t a8_ms[] = {1, 8, 64, 256};
+  const bool amx = kernels::cpu::ActiveCpuIsa() >= kernels::cpu::CpuIsa::kAmx;
+  const int num_kernels = amx ? 3 : 2;  // tile, gemm (VNNI), gemm on AMX
   std::printf("%-9s %-14s |", "fmt", "shape");
   for (int64_t m : a8_ms) {
-    std::printf(" %-7s %5s %7s %5s %6s |", absl::StrFormat("m%d tile", m).c_str(), "ratio", "gemm",
+    std::printf(" %-7s %5s %7s %5s %6s", absl::StrFormat("m%d tile", m).c_str(), "ratio", "gemm",
                 "ratio", "speed");
+    if (amx) std::printf(" %7s %5s %6s", "amx", "ratio", "/gemm");
+    std::printf(" |");
   }
   std::printf("\n");
   ThreadPool pool(1);
@@ -361,39 +371,53 @@ void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) 
       const std::vector<PackedWeight> one = {MakeWeight(f, s)};
       // The two kernels alternate, round by round (this machine may be shared): medians
       // of each kernel's rounds, and of the per-round speedups.
-      std::string cells[2], speedups;
+      std::string cells[3], speedups, amx_speedups;
       std::printf("%-9s %-14s |", Label(f).c_str(),
                   absl::StrFormat("%dx%d", s.rows, s.cols).c_str());
       for (int64_t m : a8_ms) {
-        std::vector<double> seconds[2], speedup;
+        std::vector<double> seconds[3], speedup, amx_speedup;
         for (int round = 0; round < (options.quick ? 3 : 7); ++round) {
-          for (int kernel = 0; kernel < 2; ++kernel) {  // 0 tile, 1 gemm
-            internal::SetInt8ActGemmMinTokensForTesting(kernel == 1 ? 1 : int64_t{1} << 40);
+          for (int kernel = 0; kernel < num_kernels; ++kernel) {  // 0 tile, 1 gemm, 2 amx
+            internal::SetInt8ActGemmMinTokensForTesting(kernel >= 1 ? 1 : int64_t{1} << 40);
+            internal::SetAmxAllowedForTesting(kernel == 2);
             seconds[kernel].push_back(CpuSecondsPerMatmul(one[0], f.activations, m, pool));
           }
           speedup.push_back(seconds[0].back() / seconds[1].back());
+          if (amx) amx_speedup.push_back(seconds[1].back() / seconds[2].back());
         }
-        for (int kernel = 0; kernel < 2; ++kernel) {
+        internal::SetAmxAllowedForTesting(true);
+        for (int kernel = 0; kernel < num_kernels; ++kernel) {
           const double gmacs =
               static_cast<double>(m) * s.rows * s.cols / Median(seconds[kernel]) / 1e9;
-          const double ratio = int8_peak[1] > 0 ? gmacs / int8_peak[1] : 0.0;
+          const double limit = kernel == 2 ? limits.amx_int8_peak[1] : int8_peak[1];
+          const double ratio = limit > 0 ? gmacs / limit : 0.0;
           std::printf(" %7.1f %5.2f", gmacs, ratio);
-          absl::StrAppendFormat(&cells[kernel],
-                                "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
-                                cells[kernel].empty() ? "" : ", ", m, gmacs, m, ratio);
+          if (kernel == 1) std::printf(" %5.2fx", Median(speedup));
+          if (kernel == 2) std::printf(" %5.2fx", Median(amx_speedup));
+          absl::StrAppendFormat(&cells[kernel], "%s\"gmacs_m%d\": %.1f, \"ratio_%s_m%d\": %.3f",
+                                cells[kernel].empty() ? "" : ", ", m, gmacs,
+                                kernel == 2 ? "amx_int8_peak" : "int8_peak", m, ratio);
         }
-        std::printf(" %5.2fx |", Median(speedup));
+        std::printf(" |");
         absl::StrAppendFormat(&speedups, "%s\"m%d\": %.3f", speedups.empty() ? "" : ", ", m,
                               Median(speedup));
+        if (amx) {
+          absl::StrAppendFormat(&amx_speedups, "%s\"m%d\": %.3f", amx_speedups.empty() ? "" : ", ",
+                                m, Median(amx_speedup));
+        }
       }
       std::printf("\n");
       absl::StrAppendFormat(&json,
                             "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
                             "\"threads\": 1, \"clock\": \"process_cpu_time\", "
                             "\"tile\": {%s}, \"gemm\": {%s}, "
-                            "\"gemm_speedup_median\": {%s}}",
+                            "\"gemm_speedup_median\": {%s}%s}",
                             first ? "" : ",\n", f.name, s.rows, s.cols, cells[0], cells[1],
-                            speedups);
+                            speedups,
+                            amx ? absl::StrFormat(", \"amx\": {%s}, "
+                                                  "\"amx_speedup_over_gemm_median\": {%s}",
+                                                  cells[2], amx_speedups)
+                                : "");
       first = false;
       internal::SetInt8ActGemmMinTokensForTesting(0);
     }
@@ -455,9 +479,10 @@ int main(int argc, char** argv) {
   for (int t : kThreadCounts) {
     absl::StrAppendFormat(&json,
                           "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
-                          "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f}%s\n",
+                          "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f, "
+                          "\"amx_int8_peak_gmacs\": %.1f}%s\n",
                           t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t],
-                          limits.int8_peak[t], t == 2 ? "" : ",");
+                          limits.int8_peak[t], limits.amx_int8_peak[t], t == 2 ? "" : ",");
   }
   json += "  },\n  \"gemv\": [\n";
   RunGemv(options, limits, json);

@@ -80,6 +80,41 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
   return lanes[0] + lanes[15];
 }
 
+// 4 independent C tiles of 16 x 16 int32 fed by TDPBSUD from 16 x 64-byte A and B tiles
+// (16 x 16 x 64 = 16,384 multiply-adds each); the int8 peak of a core's AMX unit.
+struct alignas(64) AmxPeakConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+__attribute__((target("amx-tile,amx-int8"))) int32_t DotLoopAmx(int64_t iterations) {
+  const AmxPeakConfig config;
+  alignas(64) int8_t data[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) data[i] = static_cast<int8_t>(i % 7 - 3);
+  alignas(64) int32_t out[16 * 16];
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, data, 64);
+  _tile_loadd(5, data, 64);
+  _tile_loadd(6, data, 64);
+  _tile_loadd(7, data, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    _tile_dpbsud(2, 5, 6);
+    _tile_dpbsud(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0] + out[255];
+}
+
 // The AVX2 int8 dot product (what llama.cpp's Q4 x Q8 and Loom's int8 path use without
 // VNNI): u8 x s8 pairs summed to int16 (VPMADDUBSW), pairs of those to int32 (VPMADDWD),
 // added: 32 multiply-adds per chain and iteration. Each chain's bytes are its own sum
@@ -203,11 +238,25 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+double MeasurePeakAmxInt8Gmacs(int threads) {
+  using kernels::cpu::CpuIsa;
+  if (kernels::cpu::ActiveCpuIsa() < CpuIsa::kAmx) return 0.0;
+  const int64_t iterations = 200'000;
+  std::vector<int32_t> sink(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const double seconds = TimeOnThreads(threads, [&](int t) { sink[t] = DotLoopAmx(iterations); });
+    rates.push_back(4.0 * 16 * 16 * 64 * iterations * threads / seconds / 1e9);
+  }
+  if (sink[0] == 42) std::puts("");
+  return Median(rates);
+}
+
 double MeasurePeakInt8Gmacs(int threads) {
   using kernels::cpu::CpuIsa;
   const CpuIsa isa = kernels::cpu::ActiveCpuIsa();
   if (isa == CpuIsa::kScalar) return 0.0;
-  const bool vnni = isa == CpuIsa::kAvx512;
+  const bool vnni = isa >= CpuIsa::kAvx512;
   const int64_t iterations = 20'000'000;
   std::vector<int32_t> sink(threads);
   std::vector<double> rates;
@@ -260,7 +309,7 @@ double MeasureReadBandwidthGBs(int threads, int repeats) {
 
 double MeasurePeakGflops(int threads) {
   // The widest unit the kernels may use (LOOM_CPU_ISA caps it).
-  const bool avx512 = kernels::cpu::ActiveCpuIsa() == kernels::cpu::CpuIsa::kAvx512;
+  const bool avx512 = kernels::cpu::ActiveCpuIsa() >= kernels::cpu::CpuIsa::kAvx512;
   const int lanes = avx512 ? 16 : 8;
   const int64_t iterations = 20'000'000;
   std::vector<float> sink(threads);

@@ -27,6 +27,11 @@ double MeasurePeakGflops(int threads);
 /// (VPMADDUBSW + VPMADDWD + VPADDD); 0 on the scalar ISA.
 double MeasurePeakInt8Gmacs(int threads);
 
+/// Peak int8 multiply-accumulate rate of the AMX unit in GMAC/s on `threads` threads:
+/// TDPBSUD into four independent 16 x 16 tiles (K = 64); 0 unless the kernels run AMX
+/// (ActiveCpuIsa() is kAmx).
+double MeasurePeakAmxInt8Gmacs(int threads);
+
 /// Size of the largest CPU cache level in bytes (sysfs), 0 when unknown.
 int64_t LastLevelCacheBytes();
 

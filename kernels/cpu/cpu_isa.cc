@@ -4,13 +4,39 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 
 namespace loom::kernels::cpu {
+namespace {
+
+// Linux grants a process the AMX tile data (8 KiB of extra XSAVE state per thread) only
+// on request; an AMX instruction without it is SIGILL. Asked once; the grant covers every
+// thread of the process.
+bool AmxPermitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool permitted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
 
 const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAmx:
+      return "amx";
     case CpuIsa::kAvx512:
       return "avx512";
     case CpuIsa::kAvx2:
@@ -40,12 +66,20 @@ bool CpuSupportsIsa(CpuIsa isa) {
 #else
       return false;
 #endif
+    case CpuIsa::kAmx:
+#if defined(__x86_64__)
+      return CpuSupportsIsa(CpuIsa::kAvx512) && __builtin_cpu_supports("amx-tile") &&
+             __builtin_cpu_supports("amx-int8") && AmxPermitted();
+#else
+      return false;
+#endif
   }
   return false;
 }
 
 CpuIsa BestCpuIsa() {
   static const CpuIsa best = [] {
+    if (CpuSupportsIsa(CpuIsa::kAmx)) return CpuIsa::kAmx;
     if (CpuSupportsIsa(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
     if (CpuSupportsIsa(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
     return CpuIsa::kScalar;
@@ -63,9 +97,11 @@ absl::StatusOr<CpuIsa> CpuIsaFromValue(absl::string_view value) {
     isa = CpuIsa::kAvx2;
   } else if (name == "avx512") {
     isa = CpuIsa::kAvx512;
+  } else if (name == "amx") {
+    isa = CpuIsa::kAmx;
   } else {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "LOOM_CPU_ISA='%s' is not an instruction set: use scalar, avx2 or avx512 (or leave "
+        "LOOM_CPU_ISA='%s' is not an instruction set: use scalar, avx2, avx512 or amx (or leave "
         "it unset for the best this CPU runs, %s)",
         value, CpuIsaName(BestCpuIsa())));
   }

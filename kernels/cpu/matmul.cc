@@ -21,6 +21,7 @@ std::atomic<MatmulIsaChoice> forced_isa{MatmulIsaChoice::kAuto};
 std::atomic<int64_t> f32act_gemm_min_tokens{internal::kF32ActGemmMinTokens};
 std::atomic<int64_t> int8act_gemm_min_tokens{internal::kInt8ActGemmMinTokens};
 std::atomic<bool> int8act_gemm_moved{false};
+std::atomic<bool> amx_allowed{true};
 std::atomic<MatmulIsaChoice> last_isa{MatmulIsaChoice::kAuto};
 
 // From this many tokens a row block is compute-bound: the threads take several chunks
@@ -31,6 +32,7 @@ constexpr int kBalancedChunksPerThread = 4;
 // ActiveCpuIsa(): LOOM_CPU_ISA or the best this CPU runs.
 MatmulIsaChoice BestIsa() {
   switch (ActiveCpuIsa()) {
+    case CpuIsa::kAmx:  // the AVX-512 kernels, AMX for the int8-activation GEMM (AmxActive)
     case CpuIsa::kAvx512:
       return MatmulIsaChoice::kAvx512;
     case CpuIsa::kAvx2:
@@ -44,6 +46,12 @@ MatmulIsaChoice BestIsa() {
 MatmulIsaChoice ActiveIsa() {
   const MatmulIsaChoice forced = forced_isa.load(std::memory_order_relaxed);
   return forced == MatmulIsaChoice::kAuto ? BestIsa() : forced;
+}
+
+// Whether the AVX-512 int8-activation GEMM runs its 16-token tiles on AMX.
+bool AmxActive() {
+  return ActiveIsa() == MatmulIsaChoice::kAvx512 && ActiveCpuIsa() >= CpuIsa::kAmx &&
+         amx_allowed.load(std::memory_order_relaxed);
 }
 
 absl::Status CheckParams(const MatmulParams& p) {
@@ -103,6 +111,12 @@ bool IsaSupported(MatmulIsaChoice isa) {
 }
 
 MatmulIsaChoice LastMatmulIsa() { return last_isa.load(std::memory_order_relaxed); }
+
+bool AmxInUse() { return AmxActive(); }
+
+void SetAmxAllowedForTesting(bool allowed) {
+  amx_allowed.store(allowed, std::memory_order_relaxed);
+}
 
 void SetMatmulIsaForTesting(MatmulIsaChoice isa) {
   forced_isa.store(isa, std::memory_order_relaxed);
@@ -389,9 +403,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
        !(ActiveIsa() == MatmulIsaChoice::kAvx2 && kernel_format == WeightFormat::kInt8));
   switch (isa) {
     case MatmulIsaChoice::kAvx512:
-      kernel = kquant_int8                      ? internal::MatmulKQuantInt8ActBlocksAvx512
-               : f32act_gemm                    ? internal::MatmulF32ActGemmBlocksAvx512
-               : int8act_gemm                   ? internal::MatmulInt8ActGemmBlocksAvx512
+      kernel = kquant_int8   ? internal::MatmulKQuantInt8ActBlocksAvx512
+               : f32act_gemm ? internal::MatmulF32ActGemmBlocksAvx512
+               : int8act_gemm && params.m >= internal::kAmxMinTokens && AmxActive()
+                   ? internal::MatmulInt8ActGemmBlocksAmx
+               : int8act_gemm                 ? internal::MatmulInt8ActGemmBlocksAvx512
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
                                               : internal::MatmulBlocksAvx512;
       break;
@@ -480,7 +496,7 @@ const char* ActivationPrecisionName(ActivationPrecision precision) {
 const char* MatmulIsa() {
   switch (ActiveIsa()) {
     case MatmulIsaChoice::kAvx512:
-      return "avx512-vnni";
+      return AmxActive() ? "avx512-vnni+amx" : "avx512-vnni";
     case MatmulIsaChoice::kAvx2:
       return "avx2";
     default:

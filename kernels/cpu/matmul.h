@@ -49,7 +49,8 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool);
 /// Scalar reference of Matmul: dequantizes and accumulates in double.
 absl::Status MatmulReference(const MatmulParams& params);
 
-/// Name of the instruction set Matmul uses on this CPU ("avx512-vnni", "avx2", "scalar").
+/// Name of the instruction set Matmul uses on this CPU ("avx512-vnni+amx", "avx512-vnni",
+/// "avx2", "scalar").
 const char* MatmulIsa();
 
 }  // namespace loom::kernels::cpu

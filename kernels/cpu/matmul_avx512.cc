@@ -3,12 +3,12 @@
 // CPU check, so nothing here may run on its own at static-initialization time.
 
 #include <immintrin.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 
 #include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/matmul_store_avx512.h"
 
 namespace loom::kernels::cpu::internal {
 namespace {
@@ -25,21 +25,6 @@ constexpr int kIntNb = 2;
 // (12 int32 and 12 float sums in the 32 registers) ran 5-20% slower than 4 (measured on
 // Zen 4, 1536x576 to 2048x2048, m = 8..512).
 constexpr int kGemmIntMr = 4;
-
-inline void StoreOutput(__m512 acc, const MatmulArgs& a, int64_t block, int64_t token) {
-  const int64_t n = a.weight->rows;
-  const int64_t row0 = block * kRowBlock;
-  float* y = a.y + token * n + row0;
-  const int64_t valid = std::min<int64_t>(kRowBlock, n - row0);
-  if (valid == kRowBlock) {
-    if (a.bias != nullptr) acc = _mm512_add_ps(acc, _mm512_loadu_ps(a.bias + row0));
-    _mm512_storeu_ps(y, acc);
-  } else {
-    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-    if (a.bias != nullptr) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, a.bias + row0));
-    _mm512_mask_storeu_ps(y, mask, acc);
-  }
-}
 
 template <bool kHalf>
 inline __m512 LoadWeights(const uint8_t* base, int64_t col) {
@@ -267,17 +252,19 @@ int64_t TokenPanelBytes() {
   return bytes;
 }
 
-// The int8-activation GEMM: token panels that stay in L2 while the thread's row blocks
-// pass over them, kGemmIntMr x kIntNb VNNI tiles inside (IntTile: the same bits as the
-// tile path, whatever the tiling).
+// The int8-activation GEMM over tokens [t0, t1): token panels that stay in L2 while the
+// thread's row blocks pass over them, kGemmIntMr x kIntNb VNNI tiles inside (IntTile: the
+// same bits as the tile path, whatever the tiling).
 template <int kFormat>
-void RunIntGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+void RunIntGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_t t0,
+                int64_t t1) {
   const int64_t k = a.weight->cols;
   const int64_t panel_tokens = std::max<int64_t>(kGemmIntMr, TokenPanelBytes() / k);
-  const int64_t num_panels = (a.m + panel_tokens - 1) / panel_tokens;
+  const int64_t num_panels = (t1 - t0 + panel_tokens - 1) / panel_tokens;
   for (int64_t p = 0; p < num_panels; ++p) {
     RunTiles<IntKernel, kFormat>(a, block_begin, block_end, kGemmIntMr, kIntNb,
-                                 a.m * p / num_panels, a.m * (p + 1) / num_panels);
+                                 t0 + (t1 - t0) * p / num_panels,
+                                 t0 + (t1 - t0) * (p + 1) / num_panels);
   }
 }
 
@@ -307,19 +294,24 @@ void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, i
   }
 }
 
-void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin,
-                                   int64_t block_end) {
+void MatmulInt8ActGemmTokensAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end,
+                                   int64_t t0, int64_t t1) {
+  if (t1 <= t0) return;
   switch (KernelFormat(a)) {
     case WeightFormat::kInt4:
-      RunIntGemm<kInt4Kernel>(a, block_begin, block_end);
+      RunIntGemm<kInt4Kernel>(a, block_begin, block_end, t0, t1);
       return;
     case WeightFormat::kInt5:
-      RunIntGemm<kInt5Kernel>(a, block_begin, block_end);
+      RunIntGemm<kInt5Kernel>(a, block_begin, block_end, t0, t1);
       return;
     default:
-      RunIntGemm<kInt8Kernel>(a, block_begin, block_end);
+      RunIntGemm<kInt8Kernel>(a, block_begin, block_end, t0, t1);
       return;
   }
+}
+
+void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  MatmulInt8ActGemmTokensAvx512(a, block_begin, block_end, 0, a.m);
 }
 
 void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {

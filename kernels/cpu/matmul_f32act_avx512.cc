@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/matmul_store_avx512.h"
 
 namespace loom::kernels::cpu::internal {
 namespace {
@@ -32,21 +33,6 @@ constexpr int kGemmMr = 4;
 constexpr int kGemmNb = 2;
 constexpr int kMaxMr = kGemmMr;
 constexpr int kMaxNb = kGemvBlocks;
-
-inline void StoreOutput(__m512 acc, const MatmulArgs& a, int64_t block, int64_t token) {
-  const int64_t n = a.weight->rows;
-  const int64_t row0 = block * kRowBlock;
-  float* y = a.y + token * n + row0;
-  const int64_t valid = std::min<int64_t>(kRowBlock, n - row0);
-  if (valid == kRowBlock) {
-    if (a.bias != nullptr) acc = _mm512_add_ps(acc, _mm512_loadu_ps(a.bias + row0));
-    _mm512_storeu_ps(y, acc);
-  } else {
-    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-    if (a.bias != nullptr) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, a.bias + row0));
-    _mm512_mask_storeu_ps(y, mask, acc);
-  }
-}
 
 // Calls f(std::integral_constant<int, j>) for j = 0 .. N-1, unrolled at compile time (the
 // shift counts must be immediates).

@@ -277,6 +277,26 @@ void MatmulInt8ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
                                  int64_t block_end);
 void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
                                    int64_t block_end);
+/// The AVX-512 one over tokens [t0, t1) only.
+void MatmulInt8ActGemmTokensAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end,
+                                   int64_t t0, int64_t t1);
+
+/// The int8-activation GEMM on AMX (CpuIsa::kAmx; matmul_int8act_gemm_amx.cc): each
+/// 32-column group of 16 tokens x 16 weight rows is one TDPBSUD (the activations signed,
+/// the weights' offset-binary or widened nibble bytes unsigned, read in their packed
+/// layout, which is AMX's VNNI B layout), stored and applied with the AVX-512 kernels'
+/// float operations in their order: the same bits as MatmulInt8ActGemmBlocksAvx512. The
+/// last m % 16 tokens run on that kernel.
+void MatmulInt8ActGemmBlocksAmx(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+/// Fewest tokens for which Matmul takes the AMX GEMM over the AVX-512 one (one full
+/// tile of tokens; the same bits either way).
+inline constexpr int64_t kAmxMinTokens = 16;
+/// Whether Matmul's int8-activation GEMM uses AMX now: ActiveCpuIsa() is kAmx, the matmul
+/// ISA is AVX-512 and SetAmxAllowedForTesting has not turned it off.
+bool AmxInUse();
+/// Test/bench hook: false keeps the int8-activation GEMM on AVX-512 VNNI on an AMX CPU
+/// (true, the default, restores AMX). Not thread-safe against concurrent Matmul calls.
+void SetAmxAllowedForTesting(bool allowed);
 
 /// Fewest tokens for which Matmul takes the int8-activation GEMM above on AVX2/AVX-512
 /// (the tile kernels below it). Both give the same bits, so this is a speed choice only

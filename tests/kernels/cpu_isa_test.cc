@@ -20,6 +20,7 @@ using internal::MatmulIsaChoice;
 
 MatmulIsaChoice ToChoice(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAmx:  // AVX-512's kernels, AMX inside the int8-activation GEMM
     case CpuIsa::kAvx512:
       return MatmulIsaChoice::kAvx512;
     case CpuIsa::kAvx2:
@@ -32,7 +33,7 @@ MatmulIsaChoice ToChoice(CpuIsa isa) {
 
 TEST(CpuIsaTest, ParsesEveryNameTheCpuRuns) {
   EXPECT_EQ(*CpuIsaFromValue(""), BestCpuIsa());
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAmx}) {
     absl::StatusOr<CpuIsa> parsed = CpuIsaFromValue(CpuIsaName(isa));
     if (CpuSupportsIsa(isa)) {
       ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -54,7 +55,7 @@ TEST(CpuIsaTest, RefusesUnknownNamesNamingTheChoices) {
   for (const char* value : {"avx", "avx-512", "sse4", "native", "1"}) {
     absl::StatusOr<CpuIsa> parsed = CpuIsaFromValue(value);
     ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << value;
-    EXPECT_NE(std::string(parsed.status().message()).find("scalar, avx2 or avx512"),
+    EXPECT_NE(std::string(parsed.status().message()).find("scalar, avx2, avx512 or amx"),
               std::string::npos)
         << parsed.status();
   }
@@ -73,8 +74,11 @@ TEST(CpuIsaTest, ForcedIsaIsTheOneTheKernelsRun) {
   ASSERT_EQ(active, expected);
   EXPECT_EQ(internal::IsaSupported(MatmulIsaChoice::kAvx2), expected >= CpuIsa::kAvx2);
   EXPECT_EQ(internal::IsaSupported(MatmulIsaChoice::kAvx512), expected >= CpuIsa::kAvx512);
+  EXPECT_EQ(internal::AmxInUse(), expected == CpuIsa::kAmx);
   const std::string reported = MatmulIsa();
-  EXPECT_EQ(reported, expected == CpuIsa::kAvx512 ? "avx512-vnni" : CpuIsaName(expected));
+  EXPECT_EQ(reported, expected == CpuIsa::kAmx      ? "avx512-vnni+amx"
+                      : expected == CpuIsa::kAvx512 ? "avx512-vnni"
+                                                    : CpuIsaName(expected));
 
   // One matmul per weight format and activation precision: each ran the forced ISA.
   ThreadPool pool(2);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/formats/ggml_type.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 
@@ -394,6 +395,20 @@ class Int8ActGemmGuard {
   ~Int8ActGemmGuard() { internal::SetInt8ActGemmMinTokensForTesting(0); }
 };
 
+// Keeps the AVX-512 int8-activation GEMM off AMX while it lives (allowed = false).
+class AmxGuard {
+ public:
+  explicit AmxGuard(bool allowed) { internal::SetAmxAllowedForTesting(allowed); }
+  ~AmxGuard() { internal::SetAmxAllowedForTesting(true); }
+};
+
+// The AMX settings to run the AVX-512 kernels under: VNNI alone, and AMX where the CPU
+// and LOOM_CPU_ISA allow it (kernels/cpu/matmul_int8act_gemm_amx.cc).
+std::vector<bool> AmxSettings(MatmulIsaChoice isa) {
+  if (isa != MatmulIsaChoice::kAvx512 || ActiveCpuIsa() < CpuIsa::kAmx) return {false};
+  return {false, true};
+}
+
 class MatmulInt8ActGemmTest : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {
 };
 
@@ -410,12 +425,14 @@ TEST_P(MatmulInt8ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
   for (const Shape& shape : shapes) {
     const int64_t g = group < 0 ? shape.cols : group;
     const TestWeight weight = MakeTestWeight(format, g, shape, ++seed);
-    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 64, 300}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 48, 64, 300}) {
       if (m == 300 && shape.cols != 4096) continue;
       const int threads = 1 + static_cast<int>(m % 3);
       for (MatmulIsaChoice isa : isas) {
-        CheckMatmul(isa, weight, Precision::kInt8, m, /*with_bias=*/m % 2 == 1, threads,
-                    ++seed);
+        for (bool amx : AmxSettings(isa)) {
+          AmxGuard amx_guard(amx);
+          CheckMatmul(isa, weight, Precision::kInt8, m, /*with_bias=*/m % 2 == 1, threads, ++seed);
+        }
       }
     }
   }
@@ -433,9 +450,10 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulInt8ActGemmTest,
                          FormatAndGroupName);
 
 // With int8 activations every kernel applies the same exact integer group dot products
-// with the same float operations: the GEMM and the tile kernels, on AVX2 and AVX-512, for
-// every m and thread count, give the same bits. So moving Int8ActGemmMinTokens is a speed
-// choice only, and a token's result never depends on its batch or on the ISA.
+// with the same float operations: the GEMM and the tile kernels, on AVX2, AVX-512 and AMX
+// (16-token tiles, the rest on AVX-512), for every m and thread count, give the same bits. So
+// moving Int8ActGemmMinTokens is a speed choice only, and a token's result never depends on its
+// batch or on the ISA.
 TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
   std::vector<MatmulIsaChoice> isas;
   for (MatmulIsaChoice isa : {MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
@@ -446,7 +464,7 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
   for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt5, WeightFormat::kInt8}) {
     for (Shape shape : {Shape{40, 128}, Shape{1000, 768}}) {
       const TestWeight weight = MakeTestWeight(format, 64, shape, ++seed);
-      for (int64_t m : {1, 5, 9, 40}) {
+      for (int64_t m : {1, 5, 9, 16, 40, 48}) {
         const std::vector<float> x = RandomActivations(m, shape.cols, ++seed);
         std::vector<float> bias(shape.rows);
         for (int64_t i = 0; i < shape.rows; ++i) bias[i] = 0.01f * static_cast<float>(i % 7);
@@ -454,8 +472,11 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
         std::string first_name;
         for (MatmulIsaChoice isa : isas) {
           IsaGuard guard(isa);
-          for (bool gemm : {true, false}) {
+          for (int kernel = 0; kernel < 3; ++kernel) {  // tile, gemm, gemm on AMX
+            const bool gemm = kernel > 0, amx = kernel == 2;
+            if (amx && AmxSettings(isa).size() < 2) continue;
             Int8ActGemmGuard threshold(gemm ? 1 : int64_t{1} << 40);
+            AmxGuard amx_guard(amx);
             for (int threads : {1, 3}) {
               ThreadPool pool(threads);
               std::vector<float> y(m * shape.rows);
@@ -463,7 +484,10 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
                                   Precision::kInt8},
                                  pool)
                               .ok());
-              const std::string name = std::string(IsaName(isa)) + (gemm ? " gemm" : " tile") +
+              const std::string name = std::string(IsaName(isa)) +
+                                       (amx    ? " amx"
+                                        : gemm ? " gemm"
+                                               : " tile") +
                                        " threads " + std::to_string(threads);
               if (first.empty()) {
                 first = y;
@@ -651,7 +675,8 @@ TEST(MatmulTest, SimdActivationQuantizationIsBitIdenticalToScalar) {
 
 TEST(MatmulTest, ReportsTheIsaItUses) {
   const std::string isa = MatmulIsa();
-  EXPECT_TRUE(isa == "avx512-vnni" || isa == "avx2" || isa == "scalar") << isa;
+  EXPECT_TRUE(isa == "avx512-vnni+amx" || isa == "avx512-vnni" || isa == "avx2" || isa == "scalar")
+      << isa;
   IsaGuard guard(MatmulIsaChoice::kScalar);
   EXPECT_EQ(std::string(MatmulIsa()), "scalar");
 }

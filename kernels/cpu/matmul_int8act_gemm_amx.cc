@@ -1,0 +1,252 @@
+// The int8-activation GEMM on AMX (Intel Sapphire Rapids and later). Compiled with the
+// AVX-512 flags plus -mamx-tile -mamx-int8 (kernels/CMakeLists.txt) and only called when
+// ActiveCpuIsa() is kAmx (cpuid and the kernel's permission checked), so nothing here may
+// run at static-initialization time.
+//
+// A row block's packed bytes are already AMX's B-tile layout: each 64-byte line holds 16
+// weight rows x 4 consecutive columns, which is one B row of a 16-column tile. So one
+// 32-column group of 16 tokens x 16 weight rows is
+//   C (16 x 16 int32) = A (16 tokens x 32 int8, signed) . B (8 lines of 64 bytes, unsigned)
+// in one TDPBSUD: INT8 weights read in place (offset binary, q + 128, as VNNI takes them),
+// INT4/INT5 codes widened to bytes once per call into the thread's scratch (a panel of
+// row blocks at a time). Each group's exact int32 dot products are then applied with
+// IntTile's float operations in its order (matmul_avx512.cc), so the result is the AVX-512
+// kernels' bits, for every m: a token's output does not depend on whether it fell in a
+// 16-token tile or the remainder (batch invariance).
+//
+// The activation scale's group (32 columns) bounds this kernel: every TDPBSUD (K = 32, half
+// the unit's depth) is followed by a tile store of 16 x 16 int32 and 16 rows of float steps
+// (~5 AVX-512 operations each). Measured on a 2-core Xeon with AMX (cpu_kernels_bench
+// --section a8gemm, 1 thread, weights in cache): 1.25-1.45x the VNNI GEMM at m = 64-256,
+// 0.06-0.07 of the AMX unit's int8 peak (TDPBSUD at K = 64) in the same run.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/matmul_store_avx512.h"
+
+namespace loom::kernels::cpu::internal {
+namespace {
+
+// Tiles: four C tiles (tmm0-3, the int32 results of groups g % 4), A in tmm4-5 (16 tokens'
+// activations of a group, by g % 2), B in tmm6-7 (a row block's group, 8 lines). The tile
+// unit runs its instructions in order: group g's results are stored, then group g + 3 is
+// issued, and g's are applied on AVX-512 while the unit computes g + 1 .. g + 3 (a group's
+// dot product, store and float step would otherwise follow one another). GCC's tile
+// intrinsics paste their operand into the assembly text, so the tile numbers are literals.
+constexpr int kSlots = 4;  // C tiles in flight
+constexpr int kLookahead = kSlots - 1;
+constexpr int kTokens = 16;  // A rows: tokens per tile
+constexpr int64_t kGroupLines = kActGroup / 4;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void ConfigureTiles() {
+  TileConfig config;
+  for (int c = 0; c < 4; ++c) {
+    config.rows[c] = kTokens;
+    config.colsb[c] = kRowBlock * 4;
+  }
+  for (int t = 4; t < 6; ++t) {
+    config.rows[t] = kTokens;
+    config.colsb[t] = kActGroup;
+  }
+  for (int t = 6; t < 8; ++t) {
+    config.rows[t] = kGroupLines;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// C = A (signed) . B (unsigned) for one group: A from `x` (16 rows `stride` apart), B from
+// `lines` (8 lines).
+#define LOOM_AMX_GROUP(c, a, b, x, stride, lines) \
+  do {                                            \
+    _tile_zero(c);                                \
+    _tile_loadd(a, x, stride);                    \
+    _tile_loadd(b, lines, 64);                    \
+    _tile_dpbsud(c, a, b);                        \
+  } while (0)
+
+// Issues group g of 16 tokens into C tile g % 4 (A and B tiles alternate by g % 2).
+inline void IssueGroup(const int8_t* xq, int64_t k, const uint8_t* lines, int64_t g) {
+  const int8_t* x = xq + g * kActGroup;
+  const uint8_t* w = lines + g * kGroupLines * 64;
+  switch (g % kSlots) {
+    case 0:
+      LOOM_AMX_GROUP(0, 4, 6, x, k, w);
+      break;
+    case 1:
+      LOOM_AMX_GROUP(1, 5, 7, x, k, w);
+      break;
+    case 2:
+      LOOM_AMX_GROUP(2, 4, 6, x, k, w);
+      break;
+    default:
+      LOOM_AMX_GROUP(3, 5, 7, x, k, w);
+      break;
+  }
+}
+
+#undef LOOM_AMX_GROUP
+
+// Stores group g's C tile (g % 4) to `dots`.
+inline void StoreGroup(int64_t g, int32_t* dots) {
+  switch (g % kSlots) {
+    case 0:
+      _tile_stored(0, dots, kRowBlock * 4);
+      break;
+    case 1:
+      _tile_stored(1, dots, kRowBlock * 4);
+      break;
+    case 2:
+      _tile_stored(2, dots, kRowBlock * 4);
+      break;
+    default:
+      _tile_stored(3, dots, kRowBlock * 4);
+      break;
+  }
+}
+
+// INT4/INT5 row block -> INT8's layout, one code per byte (0..15 / 0..31): INT4 line l
+// (columns 8 l .. 8 l + 7) gives INT8 lines 2 l (its low nibbles) and 2 l + 1 (high).
+template <bool kInt5>
+void WidenBlock(const uint8_t* data, int64_t cols, uint8_t* out) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0f);
+  const __m512i fifth_bit = _mm512_set1_epi8(0x10);
+  for (int64_t l = 0; l < cols / 8; ++l) {
+    const __m512i bytes = _mm512_loadu_si512(data + l * 64);
+    __m512i lo = _mm512_and_si512(bytes, low_mask);
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_mask);
+    if constexpr (kInt5) {  // as IntTile ORs them in (matmul_avx512.cc)
+      const __m512i high =
+          _mm512_srl_epi32(_mm512_loadu_si512(data + Int5HighOffset(cols, 0, l / 4)),
+                           _mm_cvtsi32_si128(2 * (l % 4)));
+      lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi32(high, 4), fifth_bit, 0xf8);
+      hi = _mm512_ternarylogic_epi32(hi, _mm512_slli_epi32(high, 3), fifth_bit, 0xf8);
+    }
+    _mm512_storeu_si512(out + 2 * l * 64, lo);
+    _mm512_storeu_si512(out + (2 * l + 1) * 64, hi);
+  }
+}
+
+// Tokens [0, tokens) (a multiple of kTokens) over row blocks [block_begin, block_end).
+template <int kFormat>
+void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_t tokens) {
+  constexpr bool kInt4 = kFormat != static_cast<int>(WeightFormat::kInt8);
+  constexpr bool kInt5 = kFormat == static_cast<int>(WeightFormat::kInt5);
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols;
+  const int64_t x_groups = k / kActGroup;
+  const int64_t groups_per_scale = w.group_size / kActGroup;
+  const int64_t scale_groups = k / w.group_size;
+  // Row blocks run in panels of about 256 KiB of (widened) weights, which stay in L2 while
+  // every token tile passes over them; a token tile's activations (16 x k bytes) stay in L1
+  // across the panel's blocks.
+  const int64_t wide_block_bytes = k * kRowBlock;
+  const int64_t panel_blocks = std::max<int64_t>(1, (int64_t{256} << 10) / wide_block_bytes);
+  uint8_t* wide = kInt4 ? reinterpret_cast<uint8_t*>(ThreadScratch(
+                              std::min(panel_blocks, block_end - block_begin) * k * kRowBlock / 4))
+                        : nullptr;
+  // Each token's per-group sum term, ready to broadcast from memory: float(sum) for INT4's
+  // min, 128 * sum for INT8's offset (the values IntTile computes in registers).
+  thread_local std::vector<int32_t> sum_terms;
+  sum_terms.resize(static_cast<size_t>(tokens * x_groups));
+  for (int64_t i = 0; i < tokens * x_groups; ++i) {
+    if constexpr (kInt4) {
+      const float sum = static_cast<float>(a.xq.qsum[i]);
+      std::memcpy(&sum_terms[i], &sum, sizeof(sum));
+    } else {
+      sum_terms[i] = 128 * a.xq.qsum[i];
+    }
+  }
+  alignas(64) int32_t dots[kTokens * kRowBlock];
+  for (int64_t b0 = block_begin; b0 < block_end; b0 += panel_blocks) {
+    const int64_t b1 = std::min(block_end, b0 + panel_blocks);
+    if constexpr (kInt4) {
+      for (int64_t b = b0; b < b1; ++b) {
+        WidenBlock<kInt5>(KernelBlockData(a, b), k, wide + (b - b0) * wide_block_bytes);
+      }
+    }
+    for (int64_t t0 = 0; t0 < tokens; t0 += kTokens) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const uint8_t* lines = kInt4 ? wide + (b - b0) * wide_block_bytes : KernelBlockData(a, b);
+        const uint16_t* scales = w.scales.data() + b * scale_groups * kRowBlock;
+        const uint16_t* mins = kInt4 ? w.mins.data() + b * scale_groups * kRowBlock : nullptr;
+        const int8_t* xq = a.xq.q + t0 * k;
+        const float* x_scale = a.xq.scale + t0 * x_groups;
+        const int32_t* terms = sum_terms.data() + t0 * x_groups;
+        __m512 acc[kTokens];
+        for (int r = 0; r < kTokens; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < std::min<int64_t>(kLookahead, x_groups); ++g) {
+          IssueGroup(xq, k, lines, g);
+        }
+        for (int64_t g = 0; g < x_groups; ++g) {
+          StoreGroup(g, dots);
+          if (g + kLookahead < x_groups) IssueGroup(xq, k, lines, g + kLookahead);
+          const int64_t sg = g / groups_per_scale;
+          const __m512 scale = _mm512_cvtph_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + sg * kRowBlock)));
+          __m512 min = _mm512_setzero_ps();
+          if constexpr (kInt4) {
+            min = _mm512_cvtph_ps(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + sg * kRowBlock)));
+          }
+          // IntTile's operations, in its order, per token.
+          for (int r = 0; r < kTokens; ++r) {
+            const __m512i dot = _mm512_load_si512(dots + r * kRowBlock);
+            const int64_t at = r * x_groups + g;
+            const __m512 xs = _mm512_set1_ps(x_scale[at]);
+            if constexpr (kInt4) {
+              const __m512 sum = _mm512_castsi512_ps(_mm512_set1_epi32(terms[at]));  // float(sum)
+              const __m512 part =
+                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, _mm512_mul_ps(min, sum));
+              acc[r] = _mm512_fmadd_ps(part, xs, acc[r]);
+            } else {
+              const __m512i offset = _mm512_set1_epi32(terms[at]);  // 128 * sum
+              const __m512 part =
+                  _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, offset)), scale);
+              acc[r] = _mm512_fmadd_ps(part, xs, acc[r]);
+            }
+          }
+        }
+        for (int r = 0; r < kTokens; ++r) StoreOutput(acc[r], a, b, t0 + r);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void MatmulInt8ActGemmBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  const int64_t full = a.m / kTokens * kTokens;
+  if (full > 0) {
+    ConfigureTiles();
+    switch (KernelFormat(a)) {
+      case WeightFormat::kInt4:
+        AmxGemm<static_cast<int>(WeightFormat::kInt4)>(a, block_begin, block_end, full);
+        break;
+      case WeightFormat::kInt5:
+        AmxGemm<static_cast<int>(WeightFormat::kInt5)>(a, block_begin, block_end, full);
+        break;
+      default:
+        AmxGemm<static_cast<int>(WeightFormat::kInt8)>(a, block_begin, block_end, full);
+        break;
+    }
+    _tile_release();
+  }
+  MatmulInt8ActGemmTokensAvx512(a, block_begin, block_end, full, a.m);
+}
+
+}  // namespace loom::kernels::cpu::internal
