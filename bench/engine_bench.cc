@@ -170,6 +170,7 @@ void RunOnlyPrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& for
 // The machine's limits at the bench's thread count, measured in this run.
 struct Limits {
   double copy_gbs = 0, read_gbs = 0, peak_gflops = 0, peak_int8_gmacs = 0;
+  double peak_amx_int8_gmacs = 0;  // 0 unless the kernels run AMX
 };
 
 Limits MeasureLimits(int threads) {
@@ -178,10 +179,12 @@ Limits MeasureLimits(int threads) {
   limits.read_gbs = loom::bench::MeasureReadBandwidthGBs(threads);
   limits.peak_gflops = loom::bench::MeasurePeakGflops(threads);
   limits.peak_int8_gmacs = loom::bench::MeasurePeakInt8Gmacs(threads);
+  limits.peak_amx_int8_gmacs = loom::bench::MeasurePeakAmxInt8Gmacs(threads);
   std::printf(
       "limits: memcpy %.1f GB/s (read+write), read %.1f GB/s, FMA peak %.0f GFLOP/s, "
-      "int8 dot peak %.0f GMAC/s\n",
-      limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs);
+      "int8 dot peak %.0f GMAC/s, AMX int8 peak %.0f GMAC/s\n",
+      limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs,
+      limits.peak_amx_int8_gmacs);
   return limits;
 }
 
@@ -300,7 +303,8 @@ void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
           "\"model\": \"%s\", \"cpu_isa\": \"%s\", \"cpu_isa_forced\": %s, "
           "\"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
           " \"limits\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
-          "\"int8_dot_peak_gmacs\": %.1f, \"llc_bytes\": %d, \"weights_fit_in_llc\": %s},\n"
+          "\"int8_dot_peak_gmacs\": %.1f, \"amx_int8_peak_gmacs\": %.1f, \"llc_bytes\": %d, "
+          "\"weights_fit_in_llc\": %s},\n"
           " \"decode_single\": {\"tokens_per_s\": %.2f, \"bytes_per_token\": %.0f, \"gbs\": %.3f, "
           "\"vs_memcpy\": %.3f, \"vs_read\": %.3f},\n"
           " \"prefill_512\": {\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"vs_fma_peak\": %.4f, "
@@ -309,8 +313,8 @@ void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
           loom::bench::UtcNow(), loom::bench::CpuModel(), flags.threads, flags.model_path, cpu_isa,
           isa_forced ? "true" : "false", loom::kernels::cpu::MatmulIsa(), flags.activations,
           limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs,
-          figures.llc_bytes, figures.weights_in_llc ? "true" : "false", decode.tokens_per_s,
-          decode.bytes_per_token, decode.gbs, decode.gbs / limits.copy_gbs,
+          limits.peak_amx_int8_gmacs, figures.llc_bytes, figures.weights_in_llc ? "true" : "false",
+          decode.tokens_per_s, decode.bytes_per_token, decode.gbs, decode.gbs / limits.copy_gbs,
           decode.gbs / limits.read_gbs, figures.prefill.tokens_per_s, figures.prefill.gflops,
           figures.prefill.vs_fma_peak, figures.prefill.vs_int8_peak, figures.batched_json));
 }

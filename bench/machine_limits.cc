@@ -189,6 +189,9 @@ std::string SourceCheckout() {
 
 const char* BestIsaName() {
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("avx512vnni")) {
+    return "amx_int8";
+  }
   if (__builtin_cpu_supports("avx512vnni")) return "avx512_vnni";
   if (__builtin_cpu_supports("avx512f")) return "avx512f";
   if (__builtin_cpu_supports("avx2")) return "avx2";

@@ -4,7 +4,7 @@
   revision       `git rev-parse HEAD` of the source checkout (LOOM_SOURCE_DIR, else this repo)
   dirty          true when `git status --porcelain` shows changed tracked files
   cpu            the model name from /proc/cpuinfo
-  cpu_isa        the best of avx512_vnni / avx512f / avx2 / scalar this CPU has
+  cpu_isa        the best of amx_int8 / avx512_vnni / avx512f / avx2 / scalar this CPU has
   cpu_isa_forced LOOM_CPU_ISA when set (the kernels then run that ISA), else null
   gpu            the first `nvidia-smi` GPU name, null without one
   cpus           logical CPUs
@@ -52,7 +52,7 @@ def cpu_isa() -> str:
                 break
     except OSError:
         pass
-    return next((isa for isa in ("avx512_vnni", "avx512f", "avx2") if isa in flags), "scalar")
+    return next((isa for isa in ("amx_int8", "avx512_vnni", "avx512f", "avx2") if isa in flags), "scalar")
 
 
 def git_revision() -> str:
