@@ -17,8 +17,8 @@
 // The activation scale's group (32 columns) bounds this kernel: every TDPBSUD (K = 32, half
 // the unit's depth) is followed by a tile store of 16 x 16 int32 and 16 rows of float steps
 // (~5 AVX-512 operations each). Measured on a 2-core Xeon with AMX (cpu_kernels_bench
-// --section a8gemm, 1 thread, weights in cache): 1.24-1.35x the VNNI GEMM at m = 64-256,
-// 0.06-0.07 of the AMX unit's int8 peak (TDPBSUD at K = 64) in the same run.
+// --section a8gemm, 1 thread, weights in cache): 1.31-1.60x the VNNI GEMM at m = 64-256,
+// 0.07-0.085 of the AMX unit's int8 peak (TDPBSUD at K = 64) in the same run.
 
 #include <immintrin.h>
 
