@@ -401,12 +401,16 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
       params.m >= internal::Int8ActGemmMinTokens() &&
       (int8act_gemm_moved.load(std::memory_order_relaxed) ||
        !(ActiveIsa() == MatmulIsaChoice::kAvx2 && kernel_format == WeightFormat::kInt8));
+  // AMX (AmxActive) runs batches of 16 tokens or more of both int8-activation GEMMs, with
+  // the AVX-512 kernels' bits.
+  const bool amx = int8_activations && params.m >= internal::kAmxMinTokens && AmxActive() &&
+                   (!kquant_int8 || internal::KQuantAmxSupports(w));
   switch (isa) {
     case MatmulIsaChoice::kAvx512:
-      kernel = kquant_int8   ? internal::MatmulKQuantInt8ActBlocksAvx512
-               : f32act_gemm ? internal::MatmulF32ActGemmBlocksAvx512
-               : int8act_gemm && params.m >= internal::kAmxMinTokens && AmxActive()
-                   ? internal::MatmulInt8ActGemmBlocksAmx
+      kernel = kquant_int8 && amx             ? internal::MatmulKQuantInt8ActBlocksAmx
+               : kquant_int8                  ? internal::MatmulKQuantInt8ActBlocksAvx512
+               : f32act_gemm                  ? internal::MatmulF32ActGemmBlocksAvx512
+               : int8act_gemm && amx          ? internal::MatmulInt8ActGemmBlocksAmx
                : int8act_gemm                 ? internal::MatmulInt8ActGemmBlocksAvx512
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
                                               : internal::MatmulBlocksAvx512;

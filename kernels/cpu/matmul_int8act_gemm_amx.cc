@@ -44,7 +44,6 @@ namespace {
 constexpr int kSlots = 4;  // C tiles in flight
 constexpr int kLookahead = kSlots - 1;
 constexpr int kTokens = 16;  // A rows: tokens per tile
-constexpr int64_t kGroupLines = kActGroup / 4;
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -54,7 +53,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-void ConfigureTiles() {
+// `depth`: columns per product (a group: 16, 32 or 64), A's bytes per row and 4x B's rows.
+void ConfigureTiles(int depth) {
   TileConfig config;
   for (int c = 0; c < 4; ++c) {
     config.rows[c] = kTokens;
@@ -62,17 +62,17 @@ void ConfigureTiles() {
   }
   for (int t = 4; t < 6; ++t) {
     config.rows[t] = kTokens;
-    config.colsb[t] = kActGroup;
+    config.colsb[t] = static_cast<uint16_t>(depth);
   }
   for (int t = 6; t < 8; ++t) {
-    config.rows[t] = kGroupLines;
+    config.rows[t] = static_cast<uint8_t>(depth / 4);
     config.colsb[t] = 64;
   }
   _tile_loadconfig(&config);
 }
 
 // C = A (signed) . B (unsigned) for one group: A from `x` (16 rows `stride` apart), B from
-// `lines` (8 lines).
+// `lines` (depth / 4 lines).
 #define LOOM_AMX_GROUP(c, a, b, x, stride, lines) \
   do {                                            \
     _tile_zero(c);                                \
@@ -81,10 +81,12 @@ void ConfigureTiles() {
     _tile_dpbsud(c, a, b);                        \
   } while (0)
 
-// Issues group g of 16 tokens into C tile g % 4 (A and B tiles alternate by g % 2).
-inline void IssueGroup(const int8_t* xq, int64_t k, const uint8_t* lines, int64_t g) {
-  const int8_t* x = xq + g * kActGroup;
-  const uint8_t* w = lines + g * kGroupLines * 64;
+// Issues group g (`depth` columns) of 16 tokens into C tile g % 4 (A and B tiles alternate
+// by g % 2).
+inline void IssueGroup(const int8_t* xq, int64_t k, const uint8_t* lines, int64_t depth,
+                       int64_t g) {
+  const int8_t* x = xq + g * depth;
+  const uint8_t* w = lines + g * depth / 4 * 64;
   switch (g % kSlots) {
     case 0:
       LOOM_AMX_GROUP(0, 4, 6, x, k, w);
@@ -143,22 +145,41 @@ void WidenBlock(const uint8_t* data, int64_t cols, uint8_t* out) {
   }
 }
 
-// IntTile's operations, in its order, for one token: its int32 `dots` (16 rows) of a group
-// with its activation scale and sum term and the group's weight scale/min, added to `acc`.
-template <bool kInt4>
-inline __m512 ApplyGroup(__m512 acc, const int32_t* dots, float x_scale, int32_t term, __m512 scale,
-                         __m512 min) {
-  const __m512i dot = _mm512_load_si512(dots);
+// One token's int32 `dots` (16 rows) of a group applied to `acc` with the float operations
+// of the AVX-512 kernel this one matches, in its order:
+//   F16-scaled (IntTile, matmul_avx512.cc): INT4 fma(fma(dot, scale, min * sum), xs, acc),
+//     `term` float(sum); INT8 fma((dot - term) * scale, xs, acc), `term` 128 * sum;
+//   K-quants (matmul_kquant_int8act_avx512.cc): fma(fma(min, sum, dot' * scale), xs, acc),
+//     `term` float(sum), dot' = dot - `offset` (128 * sum) for INT8.
+template <bool kInt4, bool kKQuant>
+inline __m512 ApplyGroup(__m512 acc, const int32_t* dots, float x_scale, int32_t term,
+                         int32_t offset, __m512 scale, __m512 min) {
+  __m512i dot = _mm512_load_si512(dots);
   const __m512 xs = _mm512_set1_ps(x_scale);
-  if constexpr (kInt4) {
+  if constexpr (kKQuant) {
+    if constexpr (!kInt4) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(offset));
+    const __m512 sum = _mm512_castsi512_ps(_mm512_set1_epi32(term));  // float(sum)
+    const __m512 p = _mm512_fmadd_ps(min, sum, _mm512_mul_ps(_mm512_cvtepi32_ps(dot), scale));
+    return _mm512_fmadd_ps(p, xs, acc);
+  } else if constexpr (kInt4) {
     const __m512 sum = _mm512_castsi512_ps(_mm512_set1_epi32(term));  // float(sum)
     const __m512 part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, _mm512_mul_ps(min, sum));
     return _mm512_fmadd_ps(part, xs, acc);
   } else {
-    const __m512i offset = _mm512_set1_epi32(term);  // 128 * sum
-    const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, offset)), scale);
+    const __m512i sub = _mm512_set1_epi32(term);  // 128 * sum
+    const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, sub)), scale);
     return _mm512_fmadd_ps(part, xs, acc);
   }
+}
+
+// The K-quant kernel's output store: the bias (or zeros) added, masked to the block's rows.
+inline void StoreKQuantOutput(__m512 acc, const MatmulArgs& a, int64_t block, int64_t token) {
+  const int64_t n = a.weight->rows;
+  const int64_t valid = std::min<int64_t>(kRowBlock, n - block * kRowBlock);
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  const __m512 bias = a.bias != nullptr ? _mm512_maskz_loadu_ps(mask, a.bias + block * kRowBlock)
+                                        : _mm512_setzero_ps();
+  _mm512_mask_storeu_ps(a.y + token * n + block * kRowBlock, mask, _mm512_add_ps(acc, bias));
 }
 
 // The 16 accumulators of a token tile are 16 named variables, not an array: the tile
@@ -167,15 +188,19 @@ inline __m512 ApplyGroup(__m512 acc, const int32_t* dots, float x_scale, int32_t
 #define LOOM_AMX_ROWS(X) \
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
-// Tokens [0, tokens) (a multiple of kTokens) over row blocks [block_begin, block_end).
-template <int kFormat>
+// Tokens [0, tokens) (a multiple of kTokens) over row blocks [block_begin, block_end), one
+// product per `depth` columns: the activation group (32) for F16-scaled weights, the weight
+// group (16, 32 or 64) for the K-quants' F32-scaled ones.
+template <int kFormat, bool kKQuant>
 void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_t tokens) {
   constexpr bool kInt4 = kFormat != static_cast<int>(WeightFormat::kInt8);
   constexpr bool kInt5 = kFormat == static_cast<int>(WeightFormat::kInt5);
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t x_groups = k / kActGroup;
-  const int64_t groups_per_scale = w.group_size / kActGroup;
+  const int64_t depth = kKQuant ? w.group_size : kActGroup;
+  const int64_t groups = k / depth;
+  // F16-scaled: a weight scale spans groups_per_scale groups.
+  const int64_t groups_per_scale = kKQuant ? 1 : w.group_size / kActGroup;
   const int64_t scale_groups = k / w.group_size;
   // Row blocks run in panels of about 256 KiB of (widened) weights, which stay in L2 while
   // every token tile passes over them; a token tile's activations (16 x k bytes) stay in L1
@@ -185,24 +210,31 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
   uint8_t* wide = kInt4 ? reinterpret_cast<uint8_t*>(ThreadScratch(
                               std::min(panel_blocks, block_end - block_begin) * k * kRowBlock / 4))
                         : nullptr;
-  // Each token's activation scale and sum term per group (float(sum) for INT4's min,
-  // 128 * sum for INT8's offset: the values IntTile computes in registers), laid out per
-  // token tile and group as 16 consecutive values, so that the float step broadcasts them
-  // from one pointer.
+  // Each token's activation scale, sum term and (K-quant INT8) offset per group, laid out
+  // per token tile and group as 16 consecutive values, so that the float step broadcasts
+  // them from one pointer: the values the matched kernel computes in registers.
   thread_local std::vector<float> tile_scales;
-  thread_local std::vector<int32_t> tile_terms;
-  tile_scales.resize(static_cast<size_t>(tokens * x_groups));
-  tile_terms.resize(static_cast<size_t>(tokens * x_groups));
+  thread_local std::vector<int32_t> tile_terms, tile_offsets;
+  tile_scales.resize(static_cast<size_t>(tokens * groups));
+  tile_terms.resize(static_cast<size_t>(tokens * groups));
+  tile_offsets.resize(kKQuant ? static_cast<size_t>(tokens * groups) : 0);
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t g = 0; g < x_groups; ++g) {
-      const int64_t from = t * x_groups + g;
-      const int64_t to = ((t / kTokens) * x_groups + g) * kTokens + t % kTokens;
-      tile_scales[to] = a.xq.scale[from];
-      if constexpr (kInt4) {
-        const float sum = static_cast<float>(a.xq.qsum[from]);
-        std::memcpy(&tile_terms[to], &sum, sizeof(sum));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t to = ((t / kTokens) * groups + g) * kTokens + t % kTokens;
+      int32_t sum;
+      if constexpr (kKQuant) {
+        sum = GroupActivationSum(a, t, g * depth, depth);
+        tile_scales[to] = a.xq.scale[t * (k / a.xq_group) + g * depth / a.xq_group];
+        tile_offsets[to] = 128 * sum;
       } else {
-        tile_terms[to] = 128 * a.xq.qsum[from];
+        sum = a.xq.qsum[t * groups + g];
+        tile_scales[to] = a.xq.scale[t * groups + g];
+      }
+      if (kInt4 || kKQuant) {
+        const float sum_f = static_cast<float>(sum);
+        std::memcpy(&tile_terms[to], &sum_f, sizeof(sum_f));
+      } else {
+        tile_terms[to] = 128 * sum;
       }
     }
   }
@@ -217,47 +249,60 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
     for (int64_t t0 = 0; t0 < tokens; t0 += kTokens) {
       for (int64_t b = b0; b < b1; ++b) {
         const uint8_t* lines = kInt4 ? wide + (b - b0) * wide_block_bytes : KernelBlockData(a, b);
-        const uint16_t* scales = w.scales.data() + b * scale_groups * kRowBlock;
-        const uint16_t* mins = kInt4 ? w.mins.data() + b * scale_groups * kRowBlock : nullptr;
         const int8_t* xq = a.xq.q + t0 * k;
-        const float* x_scale = tile_scales.data() + t0 * x_groups;
-        const int32_t* terms = tile_terms.data() + t0 * x_groups;
+        const float* x_scale = tile_scales.data() + t0 * groups;
+        const int32_t* terms = tile_terms.data() + t0 * groups;
+        const int32_t* offsets = kKQuant ? tile_offsets.data() + t0 * groups : nullptr;
 #define LOOM_AMX_DECLARE(r) __m512 acc##r = _mm512_setzero_ps();
         LOOM_AMX_ROWS(LOOM_AMX_DECLARE)
 #undef LOOM_AMX_DECLARE
-        for (int64_t g = 0; g < std::min<int64_t>(kLookahead, x_groups); ++g) {
-          IssueGroup(xq, k, lines, g);
+        for (int64_t g = 0; g < std::min<int64_t>(kLookahead, groups); ++g) {
+          IssueGroup(xq, k, lines, depth, g);
         }
         // The pipeline above: apply g - 1, store g, issue g + 3.
         int64_t sg = 0, sg_end = groups_per_scale;  // weight scale group of g - 1
-        for (int64_t g = 0; g <= x_groups; ++g) {
+        for (int64_t g = 0; g <= groups; ++g) {
           if (g > 0) {
             const int64_t applied = g - 1;
             if (applied == sg_end) {
               ++sg;
               sg_end += groups_per_scale;
             }
-            const __m512 scale = _mm512_cvtph_ps(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + sg * kRowBlock)));
-            __m512 min = _mm512_setzero_ps();
-            if constexpr (kInt4) {
-              min = _mm512_cvtph_ps(
-                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + sg * kRowBlock)));
+            __m512 scale, min = _mm512_setzero_ps();
+            if constexpr (kKQuant) {
+              const int64_t index = (b * scale_groups + sg) * kRowBlock;
+              scale = _mm512_loadu_ps(w.scales_f32.data() + index);
+              min = _mm512_loadu_ps(w.mins_f32.data() + index);
+            } else {
+              const int64_t index = (b * scale_groups + sg) * kRowBlock;
+              scale = _mm512_cvtph_ps(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales.data() + index)));
+              if constexpr (kInt4) {
+                min = _mm512_cvtph_ps(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins.data() + index)));
+              }
             }
             const int32_t* group_dots = dots[applied % 2];
             const float* xs = x_scale + applied * kTokens;
             const int32_t* ts = terms + applied * kTokens;
-#define LOOM_AMX_APPLY(r) \
-  acc##r = ApplyGroup<kInt4>(acc##r, group_dots + (r)*kRowBlock, xs[r], ts[r], scale, min);
+            const int32_t* os = kKQuant ? offsets + applied * kTokens : ts;
+#define LOOM_AMX_APPLY(r)                                                                      \
+  acc##r = ApplyGroup<kInt4, kKQuant>(acc##r, group_dots + (r)*kRowBlock, xs[r], ts[r], os[r], \
+                                      scale, min);
             LOOM_AMX_ROWS(LOOM_AMX_APPLY)
 #undef LOOM_AMX_APPLY
           }
-          if (g < x_groups) {
+          if (g < groups) {
             StoreGroup(g, dots[g % 2]);
-            if (g + kLookahead < x_groups) IssueGroup(xq, k, lines, g + kLookahead);
+            if (g + kLookahead < groups) IssueGroup(xq, k, lines, depth, g + kLookahead);
           }
         }
-#define LOOM_AMX_STORE(r) StoreOutput(acc##r, a, b, t0 + (r));
+#define LOOM_AMX_STORE(r)                      \
+  if constexpr (kKQuant) {                     \
+    StoreKQuantOutput(acc##r, a, b, t0 + (r)); \
+  } else {                                     \
+    StoreOutput(acc##r, a, b, t0 + (r));       \
+  }
         LOOM_AMX_ROWS(LOOM_AMX_STORE)
 #undef LOOM_AMX_STORE
       }
@@ -272,21 +317,40 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
 void MatmulInt8ActGemmBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t full = a.m / kTokens * kTokens;
   if (full > 0) {
-    ConfigureTiles();
+    ConfigureTiles(kActGroup);
     switch (KernelFormat(a)) {
       case WeightFormat::kInt4:
-        AmxGemm<static_cast<int>(WeightFormat::kInt4)>(a, block_begin, block_end, full);
+        AmxGemm<static_cast<int>(WeightFormat::kInt4), false>(a, block_begin, block_end, full);
         break;
       case WeightFormat::kInt5:
-        AmxGemm<static_cast<int>(WeightFormat::kInt5)>(a, block_begin, block_end, full);
+        AmxGemm<static_cast<int>(WeightFormat::kInt5), false>(a, block_begin, block_end, full);
         break;
       default:
-        AmxGemm<static_cast<int>(WeightFormat::kInt8)>(a, block_begin, block_end, full);
+        AmxGemm<static_cast<int>(WeightFormat::kInt8), false>(a, block_begin, block_end, full);
         break;
     }
     _tile_release();
   }
   MatmulInt8ActGemmTokensAvx512(a, block_begin, block_end, full, a.m);
+}
+
+bool KQuantAmxSupports(const PackedWeight& w) {
+  return w.f32_scaled() && (w.format == WeightFormat::kInt4 || w.format == WeightFormat::kInt8) &&
+         (w.group_size == 16 || w.group_size == 32 || w.group_size == 64);
+}
+
+void MatmulKQuantInt8ActBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  const int64_t full = a.m / kTokens * kTokens;
+  if (full > 0) {
+    ConfigureTiles(static_cast<int>(a.weight->group_size));
+    if (a.weight->format == WeightFormat::kInt8) {
+      AmxGemm<static_cast<int>(WeightFormat::kInt8), true>(a, block_begin, block_end, full);
+    } else {
+      AmxGemm<static_cast<int>(WeightFormat::kInt4), true>(a, block_begin, block_end, full);
+    }
+    _tile_release();
+  }
+  MatmulKQuantInt8ActTokensAvx512(a, block_begin, block_end, full, a.m);
 }
 
 }  // namespace loom::kernels::cpu::internal

@@ -222,6 +222,9 @@ void MatmulKQuantInt8ActBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
                                    int64_t block_end);
 void MatmulKQuantInt8ActBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
                                      int64_t block_end);
+/// The AVX-512 one over tokens [t_begin, t_end) only.
+void MatmulKQuantInt8ActTokensAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end,
+                                     int64_t t_begin, int64_t t_end);
 
 /// INT8/INT4 weights against float activations: each group of a weight row contributes
 ///   INT8: scale * sum_c q_c x_c
@@ -288,7 +291,13 @@ void MatmulInt8ActGemmTokensAvx512(const MatmulArgs& args, int64_t block_begin, 
 /// float operations in their order: the same bits as MatmulInt8ActGemmBlocksAvx512. The
 /// last m % 16 tokens run on that kernel.
 void MatmulInt8ActGemmBlocksAmx(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
-/// Fewest tokens for which Matmul takes the AMX GEMM over the AVX-512 one (one full
+/// The K-quant kernel on AMX (matmul_int8act_gemm_amx.cc): one TDPBSUD per weight group
+/// (16, 32 or 64 columns: KQuantAmxSupports) of 16 tokens x 16 rows, applied with
+/// MatmulKQuantInt8ActBlocksAvx512's float operations in its order (the same bits); the
+/// last m % 16 tokens run on that kernel.
+bool KQuantAmxSupports(const PackedWeight& w);
+void MatmulKQuantInt8ActBlocksAmx(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+/// Fewest tokens for which Matmul takes the AMX GEMMs over the AVX-512 kernels (one full
 /// tile of tokens; the same bits either way).
 inline constexpr int64_t kAmxMinTokens = 16;
 /// Whether Matmul's int8-activation GEMM uses AMX now: ActiveCpuIsa() is kAmx, the matmul

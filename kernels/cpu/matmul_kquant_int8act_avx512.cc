@@ -22,7 +22,8 @@ inline __m512i Broadcast4(const int8_t* x) {
 }
 
 template <bool kInt8>
-void Run(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+void Run(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_t t_begin,
+         int64_t t_end) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, n = w.rows, group = w.group_size;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
@@ -35,7 +36,7 @@ void Run(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     const __m512 bias = a.bias != nullptr ? _mm512_maskz_loadu_ps(mask, a.bias + b * kRowBlock)
                                           : _mm512_setzero_ps();
-    for (int64_t t = 0; t < a.m; ++t) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
       const int8_t* xq = a.xq.q + t * k;
       __m512 acc = _mm512_setzero_ps();
       for (int64_t g = 0; g < groups; ++g) {
@@ -68,13 +69,17 @@ void Run(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 
 }  // namespace
 
-void MatmulKQuantInt8ActBlocksAvx512(const MatmulArgs& a, int64_t block_begin,
-                                     int64_t block_end) {
+void MatmulKQuantInt8ActTokensAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end,
+                                     int64_t t_begin, int64_t t_end) {
   if (a.weight->format == WeightFormat::kInt8) {
-    Run<true>(a, block_begin, block_end);
+    Run<true>(a, block_begin, block_end, t_begin, t_end);
   } else {
-    Run<false>(a, block_begin, block_end);
+    Run<false>(a, block_begin, block_end, t_begin, t_end);
   }
+}
+
+void MatmulKQuantInt8ActBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  MatmulKQuantInt8ActTokensAvx512(a, block_begin, block_end, 0, a.m);
 }
 
 }  // namespace loom::kernels::cpu::internal

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/weights.h"
@@ -170,16 +171,22 @@ class IsaGuard {
   ~IsaGuard() { internal::SetMatmulIsaForTesting(MatmulIsaChoice::kAuto); }
 };
 
-std::vector<float> RunMatmul(MatmulIsaChoice isa, const PackedWeight& w, const std::vector<float>& x,
-                             const float* bias, int64_t m, ActivationPrecision activations,
-                             int threads) {
+// `amx` false keeps AVX-512's int8-activation kernels off AMX (where the CPU has it).
+std::vector<float> RunMatmul(MatmulIsaChoice isa, const PackedWeight& w,
+                             const std::vector<float>& x, const float* bias, int64_t m,
+                             ActivationPrecision activations, int threads, bool amx = true) {
   std::vector<float> y(m * w.rows, std::nanf(""));
   IsaGuard guard(isa);
+  internal::SetAmxAllowedForTesting(amx);
   ThreadPool pool(threads);
   const absl::Status status = Matmul({x.data(), &w, bias, y.data(), m, activations}, pool);
   EXPECT_TRUE(status.ok()) << status;
+  internal::SetAmxAllowedForTesting(true);
   return y;
 }
+
+// Whether this process runs the AMX kernels (the CPU has them, LOOM_CPU_ISA allows them).
+bool AmxHere() { return ActiveCpuIsa() >= CpuIsa::kAmx; }
 
 class KQuantMatmulTest : public testing::TestWithParam<GgmlType> {};
 
@@ -187,7 +194,8 @@ class KQuantMatmulTest : public testing::TestWithParam<GgmlType> {};
 // allows, over token counts that take the GEMV, decode and panel tiles and partial row
 // blocks; AVX2 and AVX-512 give the same bits. With int8 activations (one scale per 256
 // columns, llama.cpp's Q8_K): against the reference over the activations as quantized, the
-// same bits on every ISA, scalar included.
+// same bits on every ISA, scalar included, and on AMX (m >= 16: 16-token tiles, the rest
+// on AVX-512) where the CPU has it.
 TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
   const GgmlType type = GetParam();
   uint32_t seed = 70;
@@ -197,7 +205,7 @@ TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
     const std::vector<float> values = Unpack(w);
     std::vector<float> bias(rows);
     for (int64_t i = 0; i < rows; ++i) bias[i] = 0.01f * static_cast<float>(i % 5);
-    for (int64_t m : {1, 3, 8, 17}) {
+    for (int64_t m : {1, 3, 8, 17, 32}) {
       std::mt19937 rng(++seed);
       std::normal_distribution<float> normal;
       std::vector<float> x(m * cols);
@@ -243,6 +251,10 @@ TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
             RunMatmul(isa, w, x, bias.data(), m, ActivationPrecision::kInt8, 2);
         expect_close(int8, int8_reference, x_hat, "int8 activations");
         int8_results.push_back(int8);
+        if (isa == MatmulIsaChoice::kAvx512 && AmxHere()) {  // int8 above ran on AMX
+          int8_results.push_back(
+              RunMatmul(isa, w, x, bias.data(), m, ActivationPrecision::kInt8, 3, /*amx=*/false));
+        }
         if (isa != MatmulIsaChoice::kScalar) simd.push_back(y);
       }
       if (simd.size() == 2) {
@@ -257,7 +269,7 @@ TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
 
 // A fused matrix of legacy parts widened to F32-scaled INT8 (Q4_0-, Q4_1- and Q8_0-like parts,
 // 96 columns: activation scales per 32) with int8 activations: the reference over the
-// activations as quantized per 32, the same bits on every ISA.
+// activations as quantized per 32, the same bits on every ISA (AMX from 16 tokens).
 TEST(KQuantWeightsTest, WidenedLegacyMatrixWithInt8ActivationsMatchesReference) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
@@ -271,7 +283,7 @@ TEST(KQuantWeightsTest, WidenedLegacyMatrixWithInt8ActivationsMatchesReference) 
   absl::StatusOr<PackedWeight> w = ConcatRows({&*a, &*b});
   ASSERT_TRUE(w.ok() && w->f32_scaled()) << w.status();
   const std::vector<float> values = Unpack(*w);
-  for (int64_t m : {1, 5}) {
+  for (int64_t m : {1, 5, 21}) {
     std::vector<float> x(m * cols);
     for (float& v : x) v = normal(rng);
     std::vector<int8_t> xq(m * cols);
@@ -286,17 +298,21 @@ TEST(KQuantWeightsTest, WidenedLegacyMatrixWithInt8ActivationsMatchesReference) 
     for (MatmulIsaChoice isa :
          {MatmulIsaChoice::kScalar, MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
       if (!internal::IsaSupported(isa)) continue;
-      const std::vector<float> y = RunMatmul(isa, *w, x, nullptr, m, ActivationPrecision::kInt8, 2);
-      for (int64_t t = 0; t < m; ++t) {
-        for (int64_t j = 0; j < 40; ++j) {
-          double magnitude = 0.0;
-          for (int64_t c = 0; c < cols; ++c)
-            magnitude += std::fabs(values[j * cols + c] * x_hat[t * cols + c]);
-          ASSERT_NEAR(y[t * 40 + j], want[t * 40 + j], 3e-5 * magnitude + 1e-6)
-              << "isa " << static_cast<int>(isa) << " token " << t << " row " << j;
+      for (bool amx : {true, false}) {
+        if (!amx && (isa != MatmulIsaChoice::kAvx512 || !AmxHere())) continue;
+        const std::vector<float> y =
+            RunMatmul(isa, *w, x, nullptr, m, ActivationPrecision::kInt8, 2, amx);
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t j = 0; j < 40; ++j) {
+            double magnitude = 0.0;
+            for (int64_t c = 0; c < cols; ++c)
+              magnitude += std::fabs(values[j * cols + c] * x_hat[t * cols + c]);
+            ASSERT_NEAR(y[t * 40 + j], want[t * 40 + j], 3e-5 * magnitude + 1e-6)
+                << "isa " << static_cast<int>(isa) << " token " << t << " row " << j;
+          }
         }
+        results.push_back(y);
       }
-      results.push_back(y);
     }
     for (size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[i], results[0]);
   }
