@@ -1,4 +1,6 @@
-// The int8-activation GEMM on AMX (Intel Sapphire Rapids and later). Compiled with the
+// The int8-activation GEMMs on AMX (Intel Sapphire Rapids and later): the F16-scaled
+// formats' (MatmulInt8ActGemmBlocksAmx) and the K-quants' (MatmulKQuantInt8ActBlocksAmx),
+// one body with the depth of a product and the float step chosen by format. Compiled with the
 // AVX-512 flags plus -mamx-tile -mamx-int8 (kernels/CMakeLists.txt) and only called when
 // ActiveCpuIsa() is kAmx (cpuid and the kernel's permission checked), so nothing here may
 // run at static-initialization time.
@@ -18,7 +20,9 @@
 // the unit's depth) is followed by a tile store of 16 x 16 int32 and 16 rows of float steps
 // (~5 AVX-512 operations each). Measured on a 2-core Xeon with AMX (cpu_kernels_bench
 // --section a8gemm, 1 thread, weights in cache): 1.31-1.60x the VNNI GEMM at m = 64-256,
-// 0.07-0.085 of the AMX unit's int8 peak (TDPBSUD at K = 64) in the same run.
+// 0.07-0.085 of the AMX unit's int8 peak (TDPBSUD at K = 64) in the same run. The K-quants
+// run one product per weight group (16, 32 or 64 columns) with their kernel's float step
+// (matmul_kquant_int8act_avx512.cc), the same way.
 
 #include <immintrin.h>
 
@@ -34,7 +38,7 @@ namespace loom::kernels::cpu::internal {
 namespace {
 
 // Tiles: four C tiles (tmm0-3, the int32 results of groups g % 4), A in tmm4-5 (16 tokens'
-// activations of a group, by g % 2), B in tmm6-7 (a row block's group, 8 lines). Step g
+// activations of a group, by g % 2), B in tmm6-7 (a row block's group, depth / 4 lines). Step g
 // applies group g - 1's stored results on AVX-512, stores group g's (the tile unit runs in
 // order, so this waits for its product only) and issues group g + 3: three products run
 // while the core works, and no load of a result sits right behind the tile store that
