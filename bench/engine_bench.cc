@@ -2,8 +2,9 @@
 // single-stream decode against the memory bandwidth measured in the same run, prefill
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
 // sequences against single-stream. Writes bench/results/engine_cpu.json (engine_cpu_int8
-// with --activations int8; with _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g.
-// LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
+// with --activations int8; then the model file's stem when --model is not the default; with
+// _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g. LOOM_CPU_ISA=avx2 engine_bench ->
+// engine_cpu_avx2.json).
 //
 // usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
 //                     [--decode-tokens N]  (tokens per sequence in the decode figures; 64)
@@ -15,11 +16,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
 #include "bench/random_prompt.h"
@@ -288,13 +291,19 @@ struct Figures {
 };
 
 // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8; with
-// _<isa> appended when LOOM_CPU_ISA forced it.
+// _<model file stem, lower case> after it for a model other than the default one (so that
+// such a run leaves the default model's figures alone), and _<isa> appended when
+// LOOM_CPU_ISA forced it: engine_cpu_int8_default-q4_k_m_avx512.json.
 void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
                        const Figures& figures) {
   const Limits& limits = figures.limits;
   const SingleDecode& decode = figures.decode;
   std::string result_name =
       flags.activations == "f32" ? "engine_cpu" : "engine_cpu_" + flags.activations;
+  if (flags.model_path != Flags().model_path) {
+    result_name +=
+        "_" + absl::AsciiStrToLower(std::filesystem::path(flags.model_path).stem().string());
+  }
   if (isa_forced) result_name += std::string("_") + cpu_isa;
   loom::bench::WriteResult(
       result_name,
