@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/amx_tile_config.h"
 #include "kernels/cpu/cpu_isa.h"
 
 namespace loom::bench {
@@ -82,16 +83,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
 
 // 4 independent C tiles of 16 x 16 int32 fed by TDPBSUD from 16 x 64-byte A and B tiles
 // (16 x 16 x 64 = 16,384 multiply-adds each); the int8 peak of a core's AMX unit.
-struct alignas(64) AmxPeakConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
 __attribute__((target("amx-tile,amx-int8"))) int32_t DotLoopAmx(int64_t iterations) {
-  const AmxPeakConfig config;
+  kernels::cpu::AmxTileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
   alignas(64) int8_t data[16 * 64];
   for (int i = 0; i < 16 * 64; ++i) data[i] = static_cast<int8_t>(i % 7 - 3);
   alignas(64) int32_t out[16 * 16];

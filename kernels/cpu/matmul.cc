@@ -425,6 +425,10 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
     default:
       break;
   }
+  if (kernel == internal::MatmulInt8ActGemmBlocksAmx ||
+      kernel == internal::MatmulKQuantInt8ActBlocksAmx) {
+    internal::PrepareAmxActivations(args);
+  }
   const int64_t blocks = internal::NumRowBlocks(w.rows);
   // Threads split the output columns, so each weight byte is read by one thread only.
   // A chunk must be worth a thread wake-up: about 64 KiB of weights at least.

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/amx_tile_config.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/matmul_store_avx512.h"
 
@@ -49,17 +50,9 @@ constexpr int kSlots = 4;  // C tiles in flight
 constexpr int kLookahead = kSlots - 1;
 constexpr int kTokens = 16;  // A rows: tokens per tile
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // `depth`: columns per product (a group: 16, 32 or 64), A's bytes per row and 4x B's rows.
 void ConfigureTiles(int depth) {
-  TileConfig config;
+  AmxTileConfig config;
   for (int c = 0; c < 4; ++c) {
     config.rows[c] = kTokens;
     config.colsb[c] = kRowBlock * 4;
@@ -214,34 +207,6 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
   uint8_t* wide = kInt4 ? reinterpret_cast<uint8_t*>(ThreadScratch(
                               std::min(panel_blocks, block_end - block_begin) * k * kRowBlock / 4))
                         : nullptr;
-  // Each token's activation scale, sum term and (K-quant INT8) offset per group, laid out
-  // per token tile and group as 16 consecutive values, so that the float step broadcasts
-  // them from one pointer: the values the matched kernel computes in registers.
-  thread_local std::vector<float> tile_scales;
-  thread_local std::vector<int32_t> tile_terms, tile_offsets;
-  tile_scales.resize(static_cast<size_t>(tokens * groups));
-  tile_terms.resize(static_cast<size_t>(tokens * groups));
-  tile_offsets.resize(kKQuant ? static_cast<size_t>(tokens * groups) : 0);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t to = ((t / kTokens) * groups + g) * kTokens + t % kTokens;
-      int32_t sum;
-      if constexpr (kKQuant) {
-        sum = GroupActivationSum(a, t, g * depth, depth);
-        tile_scales[to] = a.xq.scale[t * (k / a.xq_group) + g * depth / a.xq_group];
-        tile_offsets[to] = 128 * sum;
-      } else {
-        sum = a.xq.qsum[t * groups + g];
-        tile_scales[to] = a.xq.scale[t * groups + g];
-      }
-      if (kInt4 || kKQuant) {
-        const float sum_f = static_cast<float>(sum);
-        std::memcpy(&tile_terms[to], &sum_f, sizeof(sum_f));
-      } else {
-        tile_terms[to] = 128 * sum;
-      }
-    }
-  }
   alignas(64) int32_t dots[2][kTokens * kRowBlock];
   for (int64_t b0 = block_begin; b0 < block_end; b0 += panel_blocks) {
     const int64_t b1 = std::min(block_end, b0 + panel_blocks);
@@ -254,9 +219,9 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
       for (int64_t b = b0; b < b1; ++b) {
         const uint8_t* lines = kInt4 ? wide + (b - b0) * wide_block_bytes : KernelBlockData(a, b);
         const int8_t* xq = a.xq.q + t0 * k;
-        const float* x_scale = tile_scales.data() + t0 * groups;
-        const int32_t* terms = tile_terms.data() + t0 * groups;
-        const int32_t* offsets = kKQuant ? tile_offsets.data() + t0 * groups : nullptr;
+        const float* x_scale = a.amx_scales + t0 * groups;
+        const int32_t* terms = a.amx_terms + t0 * groups;
+        const int32_t* offsets = a.amx_offsets != nullptr ? a.amx_offsets + t0 * groups : terms;
 #define LOOM_AMX_DECLARE(r) __m512 acc##r = _mm512_setzero_ps();
         LOOM_AMX_ROWS(LOOM_AMX_DECLARE)
 #undef LOOM_AMX_DECLARE
@@ -272,13 +237,12 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
               ++sg;
               sg_end += groups_per_scale;
             }
+            const int64_t index = (b * scale_groups + sg) * kRowBlock;
             __m512 scale, min = _mm512_setzero_ps();
             if constexpr (kKQuant) {
-              const int64_t index = (b * scale_groups + sg) * kRowBlock;
               scale = _mm512_loadu_ps(w.scales_f32.data() + index);
               min = _mm512_loadu_ps(w.mins_f32.data() + index);
             } else {
-              const int64_t index = (b * scale_groups + sg) * kRowBlock;
               scale = _mm512_cvtph_ps(
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales.data() + index)));
               if constexpr (kInt4) {
@@ -289,7 +253,7 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
             const int32_t* group_dots = dots[applied % 2];
             const float* xs = x_scale + applied * kTokens;
             const int32_t* ts = terms + applied * kTokens;
-            const int32_t* os = kKQuant ? offsets + applied * kTokens : ts;
+            const int32_t* os = offsets + applied * kTokens;
 #define LOOM_AMX_APPLY(r)                                                                      \
   acc##r = ApplyGroup<kInt4, kKQuant>(acc##r, group_dots + (r)*kRowBlock, xs[r], ts[r], os[r], \
                                       scale, min);
@@ -317,6 +281,49 @@ void AmxGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int64_
 #undef LOOM_AMX_ROWS
 
 }  // namespace
+
+void PrepareAmxActivations(MatmulArgs& a) {
+  const PackedWeight& w = *a.weight;
+  const bool kquant = w.f32_scaled();
+  // The format the kernel will read: NL4 is widened to INT8 only inside Matmul's threads.
+  const bool int4 = w.format == WeightFormat::kInt4 || w.format == WeightFormat::kInt5;
+  const int64_t k = w.cols;
+  const int64_t depth = kquant ? w.group_size : kActGroup;
+  const int64_t groups = k / depth;
+  const int64_t tokens = a.m / kTokens * kTokens;
+  // The values the matched kernel computes in registers: INT8 F16-scaled takes 128 * sum as
+  // its term, the others float(sum) (bits in an int32); K-quant INT8 also 128 * sum as its
+  // offset.
+  thread_local std::vector<float> scales;
+  thread_local std::vector<int32_t> terms, offsets;
+  const bool with_offsets = kquant && !int4;
+  scales.resize(static_cast<size_t>(tokens * groups));
+  terms.resize(static_cast<size_t>(tokens * groups));
+  offsets.resize(with_offsets ? static_cast<size_t>(tokens * groups) : 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t to = ((t / kTokens) * groups + g) * kTokens + t % kTokens;
+      int32_t sum;
+      if (kquant) {
+        sum = GroupActivationSum(a, t, g * depth, depth);
+        scales[to] = a.xq.scale[t * (k / a.xq_group) + g * depth / a.xq_group];
+      } else {
+        sum = a.xq.qsum[t * groups + g];
+        scales[to] = a.xq.scale[t * groups + g];
+      }
+      if (with_offsets) offsets[to] = 128 * sum;
+      if (int4 || kquant) {
+        const float sum_f = static_cast<float>(sum);
+        std::memcpy(&terms[to], &sum_f, sizeof(sum_f));
+      } else {
+        terms[to] = 128 * sum;
+      }
+    }
+  }
+  a.amx_scales = scales.data();
+  a.amx_terms = terms.data();
+  a.amx_offsets = with_offsets ? offsets.data() : nullptr;
+}
 
 void MatmulInt8ActGemmBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t full = a.m / kTokens * kTokens;

@@ -154,6 +154,12 @@ struct MatmulArgs {
   // null for every other format.
   const uint8_t* expanded = nullptr;
   int64_t expanded_begin = 0;
+  // The AMX GEMMs only (PrepareAmxActivations): each token's activation scale, sum term and
+  // (K-quant INT8) offset per product group, per 16-token tile and group as 16 consecutive
+  // values; the tokens of whole tiles, [m / 16 * 16, groups].
+  const float* amx_scales = nullptr;
+  const int32_t* amx_terms = nullptr;
+  const int32_t* amx_offsets = nullptr;
 };
 
 /// The format the kernels read: INT8 for an NL4 weight (widened as they go), else the
@@ -297,6 +303,10 @@ void MatmulInt8ActGemmBlocksAmx(const MatmulArgs& args, int64_t block_begin, int
 /// last m % 16 tokens run on that kernel.
 bool KQuantAmxSupports(const PackedWeight& w);
 void MatmulKQuantInt8ActBlocksAmx(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+/// Lays out the quantized activations' per-group values the AMX GEMMs read (MatmulArgs::
+/// amx_*), once per Matmul call before its threads start, into the calling thread's
+/// buffers (kept until its next call).
+void PrepareAmxActivations(MatmulArgs& args);
 /// Fewest tokens for which Matmul takes the AMX GEMMs over the AVX-512 kernels (one full
 /// tile of tokens; the same bits either way).
 inline constexpr int64_t kAmxMinTokens = 16;
