@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const CpuDeviceOpti
   if (options.thread_pool == nullptr && options.num_threads < 1) {
     return absl::InvalidArgumentError("the CPU device needs at least one thread");
   }
+  LOOM_RETURN_IF_ERROR(cpu::ActivationPrecisionStatus(options.activations));
   std::unique_ptr<CpuDevice> device(new CpuDevice());
   device->pool_ = options.thread_pool != nullptr
                       ? options.thread_pool

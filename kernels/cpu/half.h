@@ -32,4 +32,22 @@ inline uint16_t FloatToHalf(float value) {
   return static_cast<uint16_t>(sign | half);
 }
 
+/// IEEE binary32 -> BF16 bits, round to nearest even, as VCVTNEPS2BF16 does it: subnormal
+/// inputs become zero of their sign, NaN stays a quiet NaN.
+inline uint16_t FloatToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  if ((bits & 0x7f800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/// `value` rounded to BF16 (FloatToBf16), as a float.
+inline float RoundToBf16(float value) {
+  const uint32_t bits = static_cast<uint32_t>(FloatToBf16(value)) << 16;
+  float rounded;
+  std::memcpy(&rounded, &bits, sizeof(rounded));
+  return rounded;
+}
+
 }  // namespace loom::kernels::cpu

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/weights_internal.h"
 
@@ -69,9 +70,13 @@ absl::Status CheckParams(const MatmulParams& p) {
         "Matmul: weight data holds %d bytes, not the %d its [%d, %d] shape packs to",
         w.data.size(), blocks * internal::BlockDataBytes(w.format, w.cols), w.rows, w.cols));
   }
-  if (p.activations != ActivationPrecision::kF32 && p.activations != ActivationPrecision::kInt8) {
+  if (p.activations != ActivationPrecision::kF32 && p.activations != ActivationPrecision::kInt8 &&
+      p.activations != ActivationPrecision::kBf16) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Matmul: unknown activation precision %d", static_cast<int>(p.activations)));
+  }
+  if (absl::Status status = ActivationPrecisionStatus(p.activations); !status.ok()) {
+    return status;
   }
   if (internal::IsInteger(w.format)) {
     const int64_t unit = w.f32_scaled() ? internal::kF32ScaledGroupUnit : kActGroup;
@@ -303,7 +308,10 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   args.m = params.m;
 
   const int64_t k = w.cols;
-  const bool integer = internal::IsInteger(w.format);
+  // BF16 activations: one AMX kernel for every format and m (NL4 widened below as for the
+  // others).
+  const bool bf16 = params.activations == ActivationPrecision::kBf16;
+  const bool integer = internal::IsInteger(w.format) && !bf16;
   const bool int5 = w.format == WeightFormat::kInt5;
   // NL4 runs the INT8 kernels on its row blocks widened a few at a time (below).
   const bool nl4 = w.format == WeightFormat::kNl4;
@@ -425,6 +433,10 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
     default:
       break;
   }
+  if (bf16) {
+    kernel = internal::MatmulBf16ActBlocksAmx;
+    internal::PrepareBf16Activations(args);
+  }
   if (kernel == internal::MatmulInt8ActGemmBlocksAmx ||
       kernel == internal::MatmulKQuantInt8ActBlocksAmx) {
     internal::PrepareAmxActivations(args);
@@ -477,11 +489,21 @@ absl::Status MatmulReference(const MatmulParams& params) {
   if (absl::Status status = CheckParams(params); !status.ok()) return status;
   const PackedWeight& w = *params.weight;
   const int64_t n = w.rows, k = w.cols;
+  const bool bf16 = params.activations == ActivationPrecision::kBf16;
   std::vector<float> row(k);
+  std::vector<float> x_rounded;
+  if (bf16) {
+    x_rounded.resize(static_cast<size_t>(params.m * k));
+    for (size_t i = 0; i < x_rounded.size(); ++i) x_rounded[i] = RoundToBf16(params.x[i]);
+  }
+  const float* x_all = bf16 ? x_rounded.data() : params.x;
   for (int64_t j = 0; j < n; ++j) {
     DequantizeRows(w, j, j + 1, row.data());
+    if (bf16) {
+      for (float& value : row) value = RoundToBf16(value);
+    }
     for (int64_t t = 0; t < params.m; ++t) {
-      const float* x = params.x + t * k;
+      const float* x = x_all + t * k;
       double sum = params.bias ? params.bias[j] : 0.0;
       for (int64_t c = 0; c < k; ++c) sum += static_cast<double>(row[c]) * x[c];
       params.y[t * n + j] = static_cast<float>(sum);
@@ -493,12 +515,38 @@ absl::Status MatmulReference(const MatmulParams& params) {
 absl::StatusOr<ActivationPrecision> ParseActivationPrecision(absl::string_view name) {
   if (name == "f32") return ActivationPrecision::kF32;
   if (name == "int8") return ActivationPrecision::kInt8;
+  if (name == "bf16") return ActivationPrecision::kBf16;
   return absl::InvalidArgumentError(
-      absl::StrFormat("activation precision must be f32 or int8, got '%s'", name));
+      absl::StrFormat("activation precision must be f32, int8 or bf16, got '%s'", name));
 }
 
 const char* ActivationPrecisionName(ActivationPrecision precision) {
-  return precision == ActivationPrecision::kInt8 ? "int8" : "f32";
+  switch (precision) {
+    case ActivationPrecision::kInt8:
+      return "int8";
+    case ActivationPrecision::kBf16:
+      return "bf16";
+    case ActivationPrecision::kF32:
+      break;
+  }
+  return "f32";
+}
+
+absl::Status ActivationPrecisionStatus(ActivationPrecision precision) {
+  if (precision != ActivationPrecision::kBf16) return absl::OkStatus();
+  // cpuid first: LOOM_CPU_ISA only caps what the CPU has.
+  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16") ||
+      !CpuSupportsIsa(CpuIsa::kAmx)) {
+    return absl::FailedPreconditionError(
+        "--activations bf16 needs Intel AMX-BF16 (Sapphire Rapids or later, with the kernel's "
+        "permission for the tile state), which this CPU does not offer: use f32 or int8");
+  }
+  if (ActiveCpuIsa() < CpuIsa::kAmx) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--activations bf16 runs on AMX tiles, but LOOM_CPU_ISA=%s caps the kernels below amx",
+        CpuIsaName(ActiveCpuIsa())));
+  }
+  return absl::OkStatus();
 }
 
 const char* MatmulIsa() {

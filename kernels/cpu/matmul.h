@@ -10,7 +10,8 @@
 
 namespace loom::kernels::cpu {
 
-/// How INT8/INT4 weights meet the activations (F32/F16 weights always use float x).
+/// How the weights meet the activations. kF32 and kInt8 concern INT8/INT4 weights only (F32/F16
+/// weights always use float x); kBf16 concerns every weight format.
 enum class ActivationPrecision {
   // Exact float activations: weights are dequantized to float (in registers; for
   // batches of tokens once per call) and multiplied with float FMA ("W4A32" / "W8A32");
@@ -20,12 +21,22 @@ enum class ActivationPrecision {
   // and multiplied with integer dot products (VNNI): faster GEMM, but the result differs
   // from MatmulReference by up to sum_j |w_j| * scale_x(j) / 2.
   kInt8,
+  // Activations and weights (any format, dequantized) rounded to BF16, products summed in
+  // F32 on Intel AMX tiles (matmul_bf16act_amx.cc): what PyTorch and vLLM's CPU backend
+  // compute for a BF16 model, at several times kF32's speed for batches of tokens. Needs
+  // AMX-BF16 (Bf16ActivationsStatus); MatmulReference rounds its inputs the same way.
+  kBf16,
 };
 
-/// "f32" / "int8" (the spelling of the --activations flags) and back. InvalidArgument
-/// naming the choices for anything else.
+/// "f32" / "int8" / "bf16" (the spelling of the --activations flags) and back.
+/// InvalidArgument naming the choices for anything else.
 absl::StatusOr<ActivationPrecision> ParseActivationPrecision(absl::string_view name);
 const char* ActivationPrecisionName(ActivationPrecision precision);
+
+/// OK when Matmul can run `precision` here: kBf16 needs a CPU with AMX-BF16 and AVX-512 BF16,
+/// the kernel's permission for the tile state, and LOOM_CPU_ISA not capped below amx;
+/// FailedPrecondition saying which is missing otherwise. Every other precision: OK.
+absl::Status ActivationPrecisionStatus(ActivationPrecision precision);
 
 /// y = x · Wᵀ (+ bias): the projection every linear layer runs.
 struct MatmulParams {
@@ -46,7 +57,8 @@ struct MatmulParams {
 /// Not re-entrant on one pool; `params.y` must not alias `params.x`.
 absl::Status Matmul(const MatmulParams& params, ThreadPool& pool);
 
-/// Scalar reference of Matmul: dequantizes and accumulates in double.
+/// Scalar reference of Matmul: dequantizes and accumulates in double (kBf16: the dequantized
+/// weights and x rounded to BF16 first, to nearest even).
 absl::Status MatmulReference(const MatmulParams& params);
 
 /// Name of the instruction set Matmul uses on this CPU ("avx512-vnni+amx", "avx512-vnni",

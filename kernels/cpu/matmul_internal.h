@@ -160,6 +160,10 @@ struct MatmulArgs {
   const float* amx_scales = nullptr;
   const int32_t* amx_terms = nullptr;
   const int32_t* amx_offsets = nullptr;
+  // BF16 activations (PrepareBf16Activations): x rounded to BF16, [m rounded up to 16,
+  // bf16_k], bf16_k = k rounded up to 32, zero-padded.
+  const uint16_t* x_bf16 = nullptr;
+  int64_t bf16_k = 0;
 };
 
 /// The format the kernels read: INT8 for an NL4 weight (widened as they go), else the
@@ -316,6 +320,15 @@ bool AmxInUse();
 /// Test/bench hook: false keeps the int8-activation GEMM on AVX-512 VNNI on an AMX CPU
 /// (true, the default, restores AMX). Not thread-safe against concurrent Matmul calls.
 void SetAmxAllowedForTesting(bool allowed);
+
+/// BF16 activations on AMX-BF16 tiles (matmul_bf16act_amx.cc), every weight format and every
+/// m: each panel of 32 weight rows dequantized once per call to BF16 in AMX's B layout, then
+/// every 16-token tile of x_bf16 run over it (TDPBF16PS, F32 sums in column order, a token's
+/// result independent of its batch).
+void MatmulBf16ActBlocksAmx(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+/// Rounds x to BF16 into MatmulArgs::x_bf16 (the calling thread's buffer, kept until its next
+/// call), once per Matmul call before its threads start.
+void PrepareBf16Activations(MatmulArgs& args);
 
 /// Fewest tokens for which Matmul takes the int8-activation GEMM above on AVX2/AVX-512
 /// (the tile kernels below it). Both give the same bits, so this is a speed choice only
