@@ -225,6 +225,7 @@ class Numerics:
     int8_activations: bool = False  # quantize matmul inputs to int8 for integer-typed weights
     int8_block: int = 32  # values sharing one int8 scale (ggml's q8_0: 32); 0 = one scale per row
     float32: bool = False  # run every operation in float32 instead of float64
+    bf16: bool = False  # round every matmul's input and (dequantized) weight to bfloat16
 
 
 EXACT = Numerics()
@@ -633,7 +634,29 @@ def _quantize_activations_int8(x: np.ndarray, block: int, f16_scale: bool = True
     return (q * d.astype(x.dtype)).reshape(rows, cols).astype(x.dtype)
 
 
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 as Intel's VCVTNEPS2BF16 does (from float32, to nearest even,
+    subnormal inputs to zero), as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    rounded = np.where((bits & np.uint32(0x7F800000)) == 0, bits & np.uint32(0x80000000), rounded)
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+_BF16_WEIGHTS: dict = {}
+
+
+def _bf16_weight(layer: Linear) -> np.ndarray:
+    key = id(layer.weight)
+    if key not in _BF16_WEIGHTS:
+        _BF16_WEIGHTS[key] = (layer.weight, round_bf16(layer.weight))
+    return _BF16_WEIGHTS[key][1]
+
+
 def _linear(x: np.ndarray, layer: Linear, numerics: Numerics) -> np.ndarray:
+    if numerics.bf16:
+        y = round_bf16(x).astype(x.dtype) @ _bf16_weight(layer).T.astype(x.dtype)
+        return y if layer.bias is None else y + layer.bias
     if numerics.int8_activations and layer.ggml_type in K_QUANT_TYPES:
         x = _quantize_activations_int8(x, 256, f16_scale=False)
     elif numerics.int8_activations and layer.ggml_type in INTEGER_WEIGHT_TYPES:
