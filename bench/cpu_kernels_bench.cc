@@ -5,10 +5,11 @@
 // m compares the tile kernel with the GEMM kernel Matmul takes for batches. Writes
 // bench/results/cpu_kernels.json (cpu_kernels_<isa>.json when LOOM_CPU_ISA forces the ISA).
 // The a8gemm table compares the int8-activation tile kernel and GEMM (1 thread, CPU time)
-// against the int8 dot peak (bench/machine_limits.h), weights in cache.
+// against the int8 dot peak (bench/machine_limits.h), weights in cache; the bf16gemm table
+// BF16 activations on AMX against the f32 path and the AMX BF16 peak.
 //
 //   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N]
-//                                 [--section gemv|sweep|a8gemm|gemm]
+//                                 [--section gemv|sweep|a8gemm|bf16gemm|gemm]
 //   LOOM_BENCH_FORMAT=INT4 (or INT8,INT5) restricts the run to those weight formats.
 
 #include <time.h>
@@ -217,6 +218,7 @@ constexpr int kThreadCounts[] = {1, 2};
 struct Limits {
   double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {}, int8_peak[3] = {};
   double amx_int8_peak[3] = {};  // 0 unless the kernels run AMX
+  double amx_bf16_peak[3] = {};  // GFLOP/s; 0 unless the kernels may run BF16 activations
 };
 
 Limits MeasureLimits() {
@@ -227,11 +229,13 @@ Limits MeasureLimits() {
     limits.peak[t] = MeasurePeakGflops(t);
     limits.int8_peak[t] = MeasurePeakInt8Gmacs(t);
     limits.amx_int8_peak[t] = MeasurePeakAmxInt8Gmacs(t);
+    limits.amx_bf16_peak[t] = MeasurePeakAmxBf16Gflops(t);
     std::printf(
         "threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f "
-        "GFLOP/s, int8 dot peak %.0f GMAC/s, AMX int8 peak %.0f GMAC/s\n",
+        "GFLOP/s, int8 dot peak %.0f GMAC/s, AMX int8 peak %.0f GMAC/s, AMX BF16 peak %.0f "
+        "GFLOP/s\n",
         t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t], limits.int8_peak[t],
-        limits.amx_int8_peak[t]);
+        limits.amx_int8_peak[t], limits.amx_bf16_peak[t]);
   }
   return limits;
 }
@@ -424,6 +428,72 @@ void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) 
   }
 }
 
+// BF16 activations (AMX-BF16; skipped where the CPU lacks it) against the float-activation
+// kernels Matmul takes by default, on F16, INT8 and INT4 weights: 1 thread, weights in cache,
+// process CPU time as in RunA8Gemm; GFLOP per CPU-second, the BF16 column's ratio to the
+// 1-thread AMX BF16 peak (TDPBF16PS) and its speedup over f32 (median of per-round ratios, the
+// two alternating). Appends the "bf16_gemm" rows.
+void RunBf16Gemm(const Options& options, const Limits& limits, std::string& json) {
+  if (limits.amx_bf16_peak[1] <= 0) {
+    std::printf(
+        "\nBF16 GEMM: skipped (%s)\n",
+        std::string(kernels::cpu::ActivationPrecisionStatus(ActivationPrecision::kBf16).message())
+            .c_str());
+    return;
+  }
+  std::printf(
+      "\nBF16 activations on AMX, 1 thread, weights in cache: GFLOP per CPU-second of the f32 "
+      "path and the bf16 one, bf16's ratio to the 1-thread AMX BF16 peak (%.0f GFLOP/s) and "
+      "its speedup\n",
+      limits.amx_bf16_peak[1]);
+  const int64_t ms[] = {1, 16, 64, 256};
+  std::printf("%-9s %-14s |", "fmt", "shape");
+  for (int64_t m : ms) {
+    std::printf(" %-8s %7s %5s %6s |", absl::StrFormat("m%d f32", m).c_str(), "bf16", "ratio",
+                "speed");
+  }
+  std::printf("\n");
+  ThreadPool pool(1);
+  bool first = true;
+  for (const Format& f : kFormats) {
+    if (!options.Includes(f.name)) continue;
+    if (f.activations != ActivationPrecision::kF32 || f.format == WeightFormat::kF32 ||
+        f.format == WeightFormat::kInt5 || f.format == WeightFormat::kNl4) {
+      continue;
+    }
+    for (const Shape& s : {kShapes[1], kShapes[2]}) {
+      const PackedWeight w = MakeWeight(f, s);
+      std::printf("%-9s %-14s |", Label(f).c_str(),
+                  absl::StrFormat("%dx%d", s.rows, s.cols).c_str());
+      std::string cells;
+      for (int64_t m : ms) {
+        std::vector<double> f32, bf16, speedup;
+        for (int round = 0; round < (options.quick ? 3 : 7); ++round) {
+          f32.push_back(CpuSecondsPerMatmul(w, ActivationPrecision::kF32, m, pool));
+          bf16.push_back(CpuSecondsPerMatmul(w, ActivationPrecision::kBf16, m, pool));
+          speedup.push_back(f32.back() / bf16.back());
+        }
+        const double flops = 2.0 * m * s.rows * s.cols;
+        const double f32_gflops = flops / Median(f32) / 1e9,
+                     bf16_gflops = flops / Median(bf16) / 1e9;
+        const double ratio = bf16_gflops / limits.amx_bf16_peak[1];
+        std::printf(" %8.1f %7.1f %5.3f %5.2fx |", f32_gflops, bf16_gflops, ratio, Median(speedup));
+        absl::StrAppendFormat(&cells,
+                              "%s\"m%d\": {\"f32_gflops\": %.1f, \"bf16_gflops\": %.1f, "
+                              "\"ratio_amx_bf16_peak\": %.4f, \"speedup_median\": %.3f}",
+                              cells.empty() ? "" : ", ", m, f32_gflops, bf16_gflops, ratio,
+                              Median(speedup));
+      }
+      std::printf("\n");
+      absl::StrAppendFormat(&json,
+                            "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                            "\"threads\": 1, \"clock\": \"process_cpu_time\", %s}",
+                            first ? "" : ",\n", f.name, s.rows, s.cols, cells);
+      first = false;
+    }
+  }
+}
+
 // GEMM at m = 64 and 256 of every format and shape, 2 threads, against the 2-thread FMA
 // peak. Appends the "gemm" rows.
 void RunGemm(const Options& options, const Limits& limits, std::string& json) {
@@ -480,9 +550,10 @@ int main(int argc, char** argv) {
     absl::StrAppendFormat(&json,
                           "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
                           "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f, "
-                          "\"amx_int8_peak_gmacs\": %.1f}%s\n",
+                          "\"amx_int8_peak_gmacs\": %.1f, \"amx_bf16_peak_gflops\": %.1f}%s\n",
                           t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t],
-                          limits.int8_peak[t], limits.amx_int8_peak[t], t == 2 ? "" : ",");
+                          limits.int8_peak[t], limits.amx_int8_peak[t], limits.amx_bf16_peak[t],
+                          t == 2 ? "" : ",");
   }
   json += "  },\n  \"gemv\": [\n";
   RunGemv(options, limits, json);
@@ -490,6 +561,8 @@ int main(int argc, char** argv) {
   if (options.Runs("sweep")) RunSweep(options, json);
   json += "\n  ],\n  \"int8act_gemm\": [\n";
   if (options.Runs("a8gemm")) RunA8Gemm(options, limits, json);
+  json += "\n  ],\n  \"bf16_gemm\": [\n";
+  if (options.Runs("bf16gemm")) RunBf16Gemm(options, limits, json);
   json += "\n  ],\n  \"gemm\": [\n";
   RunGemm(options, limits, json);
   json += "\n  ]\n}";

@@ -23,8 +23,11 @@ core is taken).
 
   --isa avx2:   Loom forced to AVX2 vs llama.cpp's avx2 build (AVX-512 off)
                 -> bench/results/cpu_vs_llamacpp_avx2.json
-  --isa avx512: Loom's AVX-512 path (its default where the CPU has it) vs llama.cpp's
-                native build (-march=native) -> bench/results/cpu_vs_llamacpp_avx512.json
+  --isa avx512: Loom's AVX-512 path vs llama.cpp's native build (-march=native)
+                -> bench/results/cpu_vs_llamacpp_avx512.json
+  --isa amx --loom-activations bf16: Loom's BF16 activations on AMX tiles (Sapphire Rapids
+                and later) vs the native build -> bench/results/cpu_vs_llamacpp_amx_bf16.json
+                (--loom-activations f32|int8|bf16, default f32, names any other mode so)
 
 Commands (idle machine; LLAMACPP_BUILD_ROOT as given to setup_llamacpp.sh, default build/):
   LLAMACPP_BUILD_ROOT=/work/llamacpp bench/setup_llamacpp.sh avx2
@@ -32,7 +35,8 @@ Commands (idle machine; LLAMACPP_BUILD_ROOT as given to setup_llamacpp.sh, defau
   LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/cpu_vs_llamacpp.py --isa avx2
   LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/cpu_vs_llamacpp.py --isa avx512
 
-usage: bench/cpu_vs_llamacpp.py --isa avx2|avx512 [--threads 2] [--tokens 128] [--passes 2]
+usage: bench/cpu_vs_llamacpp.py --isa avx2|avx512|amx [--loom-activations f32|int8|bf16]
+       [--threads 2] [--tokens 128] [--passes 2]
        [--cpus 0-1] [--wait-quiet S] [--model PATH] [--llama-build avx2|avx512|native] [--out PATH]
 Loom's binaries come from $LOOM_BUILD_DIR (default build/).
 """
@@ -209,7 +213,7 @@ def run_loom(args) -> dict:
         env = dict(os.environ, LOOM_CPU_ISA=args.isa, LOOM_SOURCE_DIR=tmp)
         out = subprocess.run(
             [str(engine), "--model", args.model, "--threads", str(args.threads),
-             "--decode-tokens", str(args.tokens)],
+             "--decode-tokens", str(args.tokens), "--activations", args.loom_activations],
             env=env, cwd=tmp, check=True, capture_output=True, text=True,
             preexec_fn=child_setup(args))
         sys.stdout.write(out.stdout)
@@ -246,7 +250,9 @@ def medians(passes: list, tg: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--isa", choices=["avx2", "avx512"])
+    parser.add_argument("--isa", choices=["avx2", "avx512", "amx"])
+    parser.add_argument("--loom-activations", choices=["f32", "int8", "bf16"], default="f32",
+                        help="Loom's --activations (default f32, the worker's default)")
     parser.add_argument("--threads", type=int, default=2, help="both engines (default 2)")
     parser.add_argument("--tokens", type=int, default=128, help="decode steps (tg<N>, batched)")
     parser.add_argument("--passes", type=int, default=2, help="alternating passes per engine")
@@ -269,8 +275,8 @@ def main():
         return
     if args.isa is None:
         parser.error("--isa is required")
-    if args.isa == "avx512" and not has_avx512():
-        raise SystemExit("--isa avx512: this CPU has no AVX-512 (/proc/cpuinfo lacks avx512f)")
+    if args.isa in ("avx512", "amx") and not has_avx512():
+        raise SystemExit(f"--isa {args.isa}: this CPU has no AVX-512 (/proc/cpuinfo lacks avx512f)")
     args.llama_build = args.llama_build or ("avx2" if args.isa == "avx2" else "native")
     tg = f"tg{args.tokens}"
     cores = len(os.sched_getaffinity(0))
@@ -316,7 +322,7 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "provenance": provenance(),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-        "isa": args.isa, "threads": args.threads, "cpus": args.cpus or "all", "cores": cores,
+        "isa": args.isa, "loom_activations": args.loom_activations, "threads": args.threads, "cpus": args.cpus or "all", "cores": cores,
         "decode_tokens": args.tokens, "passes_per_engine": args.passes,
         "model": os.path.basename(args.model),
         "machine_quiet": machine_quiet,
@@ -344,7 +350,9 @@ def main():
                      "figures, above all, are not credible: rerun on an idle machine")
     if notes:
         result["note"] = " ".join(notes)
-    path = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / f"cpu_vs_llamacpp_{args.isa}.json"
+    suffix = "" if args.loom_activations == "f32" else f"_{args.loom_activations}"
+    path = (pathlib.Path(args.out) if args.out
+            else ROOT / "bench" / "results" / f"cpu_vs_llamacpp_{args.isa}{suffix}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"loom_over_llamacpp": ratios, "targets_met": targets,
                       "machine_quiet": machine_quiet}, indent=1))

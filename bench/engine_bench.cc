@@ -2,11 +2,11 @@
 // single-stream decode against the memory bandwidth measured in the same run, prefill
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
 // sequences against single-stream. Writes bench/results/engine_cpu.json (engine_cpu_int8
-// with --activations int8; then the model file's stem when --model is not the default; with
-// _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g. LOOM_CPU_ISA=avx2 engine_bench ->
-// engine_cpu_avx2.json).
+// with --activations int8, engine_cpu_bf16 with bf16; then the model file's stem when --model
+// is not the default; with _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g.
+// LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
 //
-// usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
+// usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32|bf16]
 //                     [--decode-tokens N]  (tokens per sequence in the decode figures; 64)
 //                     [--only-batch N]  (just N-sequence decode, three times: for perf)
 //                     [--only-prefill N]  (just an N-token prefill, median of 3, with the
@@ -106,7 +106,7 @@ struct Flags {
 std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
   if (const char* env = std::getenv("LOOM_MODEL_PATH")) flags.model_path = env;
   constexpr const char* kUsage =
-      "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]\n"
+      "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32|bf16]\n"
       "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
       "                    [--attention per-token|tiled]\n";
   static constexpr const char* kFlags[] = {"--model",      "--threads",      "--activations",
@@ -174,6 +174,7 @@ void RunOnlyPrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& for
 struct Limits {
   double copy_gbs = 0, read_gbs = 0, peak_gflops = 0, peak_int8_gmacs = 0;
   double peak_amx_int8_gmacs = 0;  // 0 unless the kernels run AMX
+  double peak_amx_bf16_gflops = 0;  // 0 unless they may run BF16 activations
 };
 
 Limits MeasureLimits(int threads) {
@@ -183,11 +184,12 @@ Limits MeasureLimits(int threads) {
   limits.peak_gflops = loom::bench::MeasurePeakGflops(threads);
   limits.peak_int8_gmacs = loom::bench::MeasurePeakInt8Gmacs(threads);
   limits.peak_amx_int8_gmacs = loom::bench::MeasurePeakAmxInt8Gmacs(threads);
+  limits.peak_amx_bf16_gflops = loom::bench::MeasurePeakAmxBf16Gflops(threads);
   std::printf(
       "limits: memcpy %.1f GB/s (read+write), read %.1f GB/s, FMA peak %.0f GFLOP/s, "
-      "int8 dot peak %.0f GMAC/s, AMX int8 peak %.0f GMAC/s\n",
+      "int8 dot peak %.0f GMAC/s, AMX int8 peak %.0f GMAC/s, AMX BF16 peak %.0f GFLOP/s\n",
       limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs,
-      limits.peak_amx_int8_gmacs);
+      limits.peak_amx_int8_gmacs, limits.peak_amx_bf16_gflops);
   return limits;
 }
 
@@ -221,6 +223,7 @@ struct Prefill {
   double gflops = 0;        // the matmuls' and attention's
   double vs_fma_peak = 0;
   double vs_int8_peak = 0;
+  double vs_amx_bf16_peak = 0;  // 0 without AMX-BF16
 };
 
 Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& forward_pass,
@@ -246,13 +249,16 @@ Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& 
   // limit that applies (attention stays float).
   const double prefill_vs_int8 =
       limits.peak_int8_gmacs > 0 ? prefill_gflops / 2 / limits.peak_int8_gmacs : 0.0;
+  // With BF16 activations, the AMX unit's BF16 rate.
+  const double prefill_vs_bf16 =
+      limits.peak_amx_bf16_gflops > 0 ? prefill_gflops / limits.peak_amx_bf16_gflops : 0.0;
   std::printf(
       "prefill, 512 tokens: %.1f tokens/s, %.1f GFLOP/s = %.3f of FMA peak, %.3f of "
-      "int8 dot peak\n",
+      "int8 dot peak, %.3f of AMX BF16 peak\n",
       prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / limits.peak_gflops,
-      prefill_vs_int8);
+      prefill_vs_int8, prefill_vs_bf16);
   return {prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / limits.peak_gflops,
-          prefill_vs_int8};
+          prefill_vs_int8, prefill_vs_bf16};
 }
 
 // Batched decode at 1, 4, 16 and kMaxDecodeBatch sequences against single-stream, and the
@@ -290,10 +296,10 @@ struct Figures {
   std::string batched_json;
 };
 
-// engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8; with
-// _<model file stem, lower case> after it for a model other than the default one (so that
-// such a run leaves the default model's figures alone), and _<isa> appended when
-// LOOM_CPU_ISA forced it: engine_cpu_int8_default-q4_k_m_avx512.json.
+// engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8
+// (engine_cpu_bf16.json for bf16); with _<model file stem, lower case> after it for a model
+// other than the default one (so that such a run leaves the default model's figures alone),
+// and _<isa> appended when LOOM_CPU_ISA forced it: engine_cpu_int8_default-q4_k_m_avx512.json.
 void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
                        const Figures& figures) {
   const Limits& limits = figures.limits;
@@ -312,20 +318,22 @@ void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
           "\"model\": \"%s\", \"cpu_isa\": \"%s\", \"cpu_isa_forced\": %s, "
           "\"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
           " \"limits\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
-          "\"int8_dot_peak_gmacs\": %.1f, \"amx_int8_peak_gmacs\": %.1f, \"llc_bytes\": %d, "
+          "\"int8_dot_peak_gmacs\": %.1f, \"amx_int8_peak_gmacs\": %.1f, "
+          "\"amx_bf16_peak_gflops\": %.1f, \"llc_bytes\": %d, "
           "\"weights_fit_in_llc\": %s},\n"
           " \"decode_single\": {\"tokens_per_s\": %.2f, \"bytes_per_token\": %.0f, \"gbs\": %.3f, "
           "\"vs_memcpy\": %.3f, \"vs_read\": %.3f},\n"
           " \"prefill_512\": {\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"vs_fma_peak\": %.4f, "
-          "\"vs_int8_dot_peak\": %.4f},\n"
+          "\"vs_int8_dot_peak\": %.4f, \"vs_amx_bf16_peak\": %.4f},\n"
           " \"batched_decode\": [%s]}",
           loom::bench::UtcNow(), loom::bench::CpuModel(), flags.threads, flags.model_path, cpu_isa,
           isa_forced ? "true" : "false", loom::kernels::cpu::MatmulIsa(), flags.activations,
           limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs,
-          limits.peak_amx_int8_gmacs, figures.llc_bytes, figures.weights_in_llc ? "true" : "false",
-          decode.tokens_per_s, decode.bytes_per_token, decode.gbs, decode.gbs / limits.copy_gbs,
-          decode.gbs / limits.read_gbs, figures.prefill.tokens_per_s, figures.prefill.gflops,
-          figures.prefill.vs_fma_peak, figures.prefill.vs_int8_peak, figures.batched_json));
+          limits.peak_amx_int8_gmacs, limits.peak_amx_bf16_gflops, figures.llc_bytes,
+          figures.weights_in_llc ? "true" : "false", decode.tokens_per_s, decode.bytes_per_token,
+          decode.gbs, decode.gbs / limits.copy_gbs, decode.gbs / limits.read_gbs,
+          figures.prefill.tokens_per_s, figures.prefill.gflops, figures.prefill.vs_fma_peak,
+          figures.prefill.vs_int8_peak, figures.prefill.vs_amx_bf16_peak, figures.batched_json));
 }
 
 }  // namespace
@@ -400,11 +408,14 @@ int main(int argc, char** argv) {
   const double macs_per_token = MatmulFlopsPerToken(forward_pass.weights()) / 2 +
                                 static_cast<double>(forward_pass.weights().lm_head().rows) *
                                     forward_pass.weights().lm_head().cols;
-  // The matmuls' compute limit in this mode: int8 dot products, or float FMAs (2 flops).
+  // The matmuls' compute limit in this mode: int8 dot products, AMX's BF16 products, or float
+  // FMAs (2 flops).
   const bool int8_mode = *precision == loom::kernels::cpu::ActivationPrecision::kInt8;
-  const double matmul_peak_gmacs =
-      int8_mode ? figures.limits.peak_int8_gmacs : figures.limits.peak_gflops / 2;
-  const char* peak_name = int8_mode ? "int8 dot peak" : "FMA peak";
+  const bool bf16_mode = *precision == loom::kernels::cpu::ActivationPrecision::kBf16;
+  const double matmul_peak_gmacs = int8_mode   ? figures.limits.peak_int8_gmacs
+                                   : bf16_mode ? figures.limits.peak_amx_bf16_gflops / 2
+                                               : figures.limits.peak_gflops / 2;
+  const char* peak_name = int8_mode ? "int8 dot peak" : bf16_mode ? "AMX BF16 peak" : "FMA peak";
 
   figures.decode = MeasureSingleDecode(engine, forward_pass, flags.decode_tokens, figures.limits);
   // Where the weights fit in the last-level cache, decode reads them from there, not from

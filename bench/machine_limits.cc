@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/amx_tile_config.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/matmul.h"
 
 namespace loom::bench {
 namespace {
@@ -106,6 +107,36 @@ __attribute__((target("amx-tile,amx-int8"))) int32_t DotLoopAmx(int64_t iteratio
     _tile_dpbsud(1, 4, 7);
     _tile_dpbsud(2, 5, 6);
     _tile_dpbsud(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0] + out[255];
+}
+
+// The same with TDPBF16PS: 16 x 16 x 32 = 8,192 multiply-adds per instruction.
+__attribute__((target("amx-tile,amx-bf16"))) float DotLoopAmxBf16(int64_t iterations) {
+  kernels::cpu::AmxTileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  alignas(64) uint16_t data[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) data[i] = static_cast<uint16_t>(0x3f80 + i % 7);  // ~1.0
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, data, 64);
+  _tile_loadd(5, data, 64);
+  _tile_loadd(6, data, 64);
+  _tile_loadd(7, data, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, out, 64);
   _tile_release();
@@ -249,6 +280,22 @@ double MeasurePeakAmxInt8Gmacs(int threads) {
     rates.push_back(4.0 * 16 * 16 * 64 * iterations * threads / seconds / 1e9);
   }
   if (sink[0] == 42) std::puts("");
+  return Median(rates);
+}
+
+double MeasurePeakAmxBf16Gflops(int threads) {
+  if (!kernels::cpu::ActivationPrecisionStatus(kernels::cpu::ActivationPrecision::kBf16).ok()) {
+    return 0.0;
+  }
+  const int64_t iterations = 200'000;
+  std::vector<float> sink(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const double seconds =
+        TimeOnThreads(threads, [&](int t) { sink[t] = DotLoopAmxBf16(iterations); });
+    rates.push_back(2.0 * 4.0 * 16 * 16 * 32 * iterations * threads / seconds / 1e9);
+  }
+  if (sink[0] == 42.0f) std::puts("");
   return Median(rates);
 }
 

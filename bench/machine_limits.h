@@ -32,6 +32,11 @@ double MeasurePeakInt8Gmacs(int threads);
 /// (ActiveCpuIsa() is kAmx).
 double MeasurePeakAmxInt8Gmacs(int threads);
 
+/// Peak BF16 rate of the AMX unit in GFLOP/s (2 flops per multiply-add) on `threads` threads:
+/// TDPBF16PS into four independent 16 x 16 F32 tiles (K = 32); 0 unless the kernels may run
+/// BF16 activations (kernels/cpu/matmul.h's ActivationPrecisionStatus).
+double MeasurePeakAmxBf16Gflops(int threads);
+
 /// Size of the largest CPU cache level in bytes (sysfs), 0 when unknown.
 int64_t LastLevelCacheBytes();
 

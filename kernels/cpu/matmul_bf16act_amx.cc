@@ -268,7 +268,9 @@ void PrepareBf16Activations(MatmulArgs& a) {
   const int64_t k = a.weight->cols;
   const int64_t k_pad = (k + kTileK - 1) / kTileK * kTileK;
   const int64_t m_pad = (a.m + kTileTokens - 1) / kTileTokens * kTileTokens;
-  storage.assign(static_cast<size_t>(m_pad * k_pad), 0);
+  storage.resize(static_cast<size_t>(m_pad * k_pad));
+  // Only the padding is zeroed: the rows past m, and each row's columns past k (below).
+  std::memset(storage.data() + a.m * k_pad, 0, static_cast<size_t>((m_pad - a.m) * k_pad * 2));
   for (int64_t t = 0; t < a.m; ++t) {
     const float* src = a.x + t * k;
     uint16_t* dst = storage.data() + t * k_pad;
@@ -283,6 +285,7 @@ void PrepareBf16Activations(MatmulArgs& a) {
           dst + c, mask,
           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + c))));
     }
+    std::memset(dst + k, 0, static_cast<size_t>((k_pad - k) * 2));
   }
   a.x_bf16 = storage.data();
   a.bf16_k = k_pad;
