@@ -26,8 +26,10 @@ core is taken).
   --isa avx512: Loom's AVX-512 path vs llama.cpp's native build (-march=native)
                 -> bench/results/cpu_vs_llamacpp_avx512.json
   --isa amx --loom-activations bf16: Loom's BF16 activations on AMX tiles (Sapphire Rapids
-                and later) vs the native build -> bench/results/cpu_vs_llamacpp_amx_bf16.json
-                (--loom-activations f32|int8|bf16, default f32, names any other mode so)
+                and later) vs the native build (--llama-build avx512 where its AMX matmul
+                crashes, as on the Xeon of bench/results/cpu_vs_llamacpp_amx_bf16.json)
+                -> bench/results/cpu_vs_llamacpp_amx_bf16.json (--loom-activations
+                f32|int8|bf16, default f32, names any other mode so)
 
 Commands (idle machine; LLAMACPP_BUILD_ROOT as given to setup_llamacpp.sh, default build/):
   LLAMACPP_BUILD_ROOT=/work/llamacpp bench/setup_llamacpp.sh avx2
