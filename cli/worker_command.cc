@@ -320,9 +320,11 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   if (placement.cuda()) {
     std::fprintf(stderr, "%s", load_log.c_str());
   } else {
-    std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
+    const bool bf16 = options.activations == kernels::cpu::ActivationPrecision::kBf16;
+    std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into %s layers\n",
                  load_log.c_str(), kernels::cpu::MatmulIsa(),
-                 kernels::cpu::ActivationPrecisionName(options.activations));
+                 kernels::cpu::ActivationPrecisionName(options.activations),
+                 bf16 ? "all (AMX-BF16)" : "INT8/INT4");
   }
   return backend;
 }
