@@ -82,18 +82,17 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
   return lanes[0] + lanes[15];
 }
 
-// 4 independent C tiles of 16 x 16 int32 fed by TDPBSUD from 16 x 64-byte A and B tiles
-// (16 x 16 x 64 = 16,384 multiply-adds each); the int8 peak of a core's AMX unit.
-__attribute__((target("amx-tile,amx-int8"))) int32_t DotLoopAmx(int64_t iterations) {
+// The AMX peak loops' tiles: eight of 16 rows x 64 bytes, C (tmm0-3) zeroed, A (tmm4-5) and B
+// (tmm6-7) loaded from the 1 KiB at `data`; EndAmxPeakLoop stores C tile 0 into `out` (16 x 16
+// 4-byte values) and releases the tile state. Tile registers are architectural state, so the
+// loop between the two calls works on what StartAmxPeakLoop left.
+__attribute__((target("amx-tile"))) void StartAmxPeakLoop(const void* data) {
   kernels::cpu::AmxTileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.rows[t] = 16;
     config.colsb[t] = 64;
   }
-  alignas(64) int8_t data[16 * 64];
-  for (int i = 0; i < 16 * 64; ++i) data[i] = static_cast<int8_t>(i % 7 - 3);
-  alignas(64) int32_t out[16 * 16];
-  _tile_loadconfig(&config);
+  LoadTileConfig(config);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -102,44 +101,42 @@ __attribute__((target("amx-tile,amx-int8"))) int32_t DotLoopAmx(int64_t iteratio
   _tile_loadd(5, data, 64);
   _tile_loadd(6, data, 64);
   _tile_loadd(7, data, 64);
+}
+__attribute__((target("amx-tile"))) void EndAmxPeakLoop(void* out) {
+  _tile_stored(0, out, 64);
+  _tile_release();
+}
+
+// 4 independent C tiles of 16 x 16 int32 fed by TDPBSUD from 16 x 64-byte A and B tiles
+// (16 x 16 x 64 = 16,384 multiply-adds each); the int8 peak of a core's AMX unit.
+__attribute__((target("amx-tile,amx-int8"))) int32_t DotLoopAmx(int64_t iterations) {
+  alignas(64) int8_t data[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) data[i] = static_cast<int8_t>(i % 7 - 3);
+  alignas(64) int32_t out[16 * 16];
+  StartAmxPeakLoop(data);
   for (int64_t it = 0; it < iterations; ++it) {
     _tile_dpbsud(0, 4, 6);
     _tile_dpbsud(1, 4, 7);
     _tile_dpbsud(2, 5, 6);
     _tile_dpbsud(3, 5, 7);
   }
-  _tile_stored(0, out, 64);
-  _tile_release();
+  EndAmxPeakLoop(out);
   return out[0] + out[255];
 }
 
 // The same with TDPBF16PS: 16 x 16 x 32 = 8,192 multiply-adds per instruction.
 __attribute__((target("amx-tile,amx-bf16"))) float DotLoopAmxBf16(int64_t iterations) {
-  kernels::cpu::AmxTileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
   alignas(64) uint16_t data[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) data[i] = static_cast<uint16_t>(0x3f80 + i % 7);  // ~1.0
   alignas(64) float out[16 * 16];
-  _tile_loadconfig(&config);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, data, 64);
-  _tile_loadd(5, data, 64);
-  _tile_loadd(6, data, 64);
-  _tile_loadd(7, data, 64);
+  StartAmxPeakLoop(data);
   for (int64_t it = 0; it < iterations; ++it) {
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  _tile_stored(0, out, 64);
-  _tile_release();
+  EndAmxPeakLoop(out);
   return out[0] + out[255];
 }
 

@@ -48,7 +48,7 @@ void ConfigureTiles() {
     config.rows[t] = 16;
     config.colsb[t] = 64;
   }
-  _tile_loadconfig(&config);
+  LoadTileConfig(config);
 }
 
 // One B-tile row from column pair (even, odd) of 16 weight rows: the BF16 of (even[r], odd[r])

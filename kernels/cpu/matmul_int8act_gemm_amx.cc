@@ -65,7 +65,7 @@ void ConfigureTiles(int depth) {
     config.rows[t] = static_cast<uint8_t>(depth / 4);
     config.colsb[t] = 64;
   }
-  _tile_loadconfig(&config);
+  LoadTileConfig(config);
 }
 
 // C = A (signed) . B (unsigned) for one group: A from `x` (16 rows `stride` apart), B from
