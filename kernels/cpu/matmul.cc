@@ -378,7 +378,8 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
     args.xq = {xq.data(), x_scale.data(), x_sum.data()};
     args.xq_group = act_group;
     args.xq_sum16 = sum16_out;
-  } else if ((w.format == WeightFormat::kInt4 || int5 || w.f32_scaled()) && !f32act_gemm) {
+  } else if ((w.format == WeightFormat::kInt4 || int5 || w.f32_scaled()) && !f32act_gemm &&
+             !bf16) {
     // The group sums of x apply each group's min once (summed in double: k adds per
     // token, negligible next to the matmul).
     const int64_t groups = k / w.group_size;

@@ -183,6 +183,10 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   const auto activations =
       Parse({"--model", "m", "--coordinator", "c:1", "--activations", "int4"}).status();
   EXPECT_NE(activations.message().find("--activations"), std::string::npos) << activations;
+  // bf16 parses on any CPU; a CPU without AMX-BF16 refuses it when the backend starts.
+  const auto bf16 = Parse({"--model", "m", "--coordinator", "c:1", "--activations", "bf16"});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->activations, kernels::cpu::ActivationPrecision::kBf16);
 }
 
 TEST(WorkerOptionsTest, ParsesDeviceAndCudaGraphs) {
