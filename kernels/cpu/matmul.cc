@@ -75,9 +75,6 @@ absl::Status CheckParams(const MatmulParams& p) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Matmul: unknown activation precision %d", static_cast<int>(p.activations)));
   }
-  if (absl::Status status = ActivationPrecisionStatus(p.activations); !status.ok()) {
-    return status;
-  }
   if (internal::IsInteger(w.format)) {
     const int64_t unit = w.f32_scaled() ? internal::kF32ScaledGroupUnit : kActGroup;
     if (w.group_size <= 0 || w.group_size % unit != 0 || w.cols % w.group_size != 0) {
@@ -299,6 +296,9 @@ void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t 
 
 absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   if (absl::Status status = CheckParams(params); !status.ok()) return status;
+  if (absl::Status status = ActivationPrecisionStatus(params.activations); !status.ok()) {
+    return status;
+  }
   const PackedWeight& w = *params.weight;
   internal::MatmulArgs args;
   args.weight = &w;

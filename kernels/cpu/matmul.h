@@ -24,7 +24,7 @@ enum class ActivationPrecision {
   // Activations and weights (any format, dequantized) rounded to BF16, products summed in
   // F32 on Intel AMX tiles (matmul_bf16act_amx.cc): what PyTorch and vLLM's CPU backend
   // compute for a BF16 model, at several times kF32's speed for batches of tokens. Needs
-  // AMX-BF16 (Bf16ActivationsStatus); MatmulReference rounds its inputs the same way.
+  // AMX-BF16 (ActivationPrecisionStatus); MatmulReference rounds its inputs the same way.
   kBf16,
 };
 
@@ -58,7 +58,7 @@ struct MatmulParams {
 absl::Status Matmul(const MatmulParams& params, ThreadPool& pool);
 
 /// Scalar reference of Matmul: dequantizes and accumulates in double (kBf16: the dequantized
-/// weights and x rounded to BF16 first, to nearest even).
+/// weights and x rounded to BF16 first, to nearest even; on any CPU).
 absl::Status MatmulReference(const MatmulParams& params);
 
 /// Name of the instruction set Matmul uses on this CPU ("avx512-vnni+amx", "avx512-vnni",
