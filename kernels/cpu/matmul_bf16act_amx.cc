@@ -1,7 +1,7 @@
 // BF16 activations on AMX (--activations bf16; Intel Sapphire Rapids and later): every weight
 // format, for every m. Compiled with the AVX-512 flags plus -mamx-tile -mamx-bf16
-// -mavx512bf16 (kernels/CMakeLists.txt) and only called when Bf16ActivationsSupported()
-// (cpuid, the kernel's permission for the tile state, LOOM_CPU_ISA at amx).
+// -mavx512bf16 (kernels/CMakeLists.txt) and only called when ActivationPrecisionStatus(kBf16) is
+// OK (cpuid, the kernel's permission for the tile state, LOOM_CPU_ISA at amx).
 //
 // What it computes: y = bf16(x) . bf16(W)^T (+ bias), products exact in F32 and summed in F32
 // by TDPBF16PS, 32 columns per product in column order. W is the weight's dequantized value
@@ -21,7 +21,7 @@
 //
 // Dequantization bounds it where the weights are not reused: single-stream decode of the
 // default model ran at ~0.5x the f32 path's tokens/s (~0.35x before the prefetch and the
-// overlap), batches of 16 and more faster than f32 (bench/results/engine_cpu_bf16*.json).
+// overlap), batches of 16 and more faster than f32 (bench/results/activations_cpu*.json).
 
 #include <immintrin.h>
 
