@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import pathlib
 import statistics
 import subprocess
 import sys
-import tempfile
 
-import numpy as np
-
+import cpu_vs_llamacpp
+import kquant_bench
 from provenance import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -67,29 +65,17 @@ def perplexity(model: str, text: pathlib.Path, mode: str, args) -> tuple[dict, l
     return result, token_nll
 
 
-def paired(nll: list, base: list) -> dict:
-    """Mean per-token NLL difference against f32 on the same tokens, with its standard error."""
-    if len(nll) != len(base) or len(nll) < 2:
-        raise SystemExit(f"paired comparison needs the same tokens: {len(nll)} vs {len(base)}")
-    d = np.asarray(nll) - np.asarray(base)
-    mean, se = float(d.mean()), float(np.std(d, ddof=1) / math.sqrt(len(d)))
-    return {"tokens": len(d), "mean_nll_difference": mean, "stderr": se,
-            "perplexity_ratio": math.exp(mean),
-            "perplexity_ratio_95": [math.exp(mean - 1.96 * se), math.exp(mean + 1.96 * se)]}
+def paired_with_f32(nll: list, base: list) -> dict:
+    """Mean per-token NLL difference against f32 on the same tokens, its standard error and the
+    perplexity ratio with its 95% interval (kquant_bench's pairing)."""
+    pair = kquant_bench.paired(nll, base)
+    return {"tokens": pair["tokens"], "mean_nll_difference": pair["mean_nll_difference"],
+            "stderr": pair["stderr"], "perplexity_ratio": pair["ratio"],
+            "perplexity_ratio_95": pair["ratio_ci95"]}
 
 
 def engine_speed(model: str, mode: str, args) -> dict:
-    """One engine_bench run in a scratch LOOM_SOURCE_DIR (the committed engine_cpu*.json stay)."""
-    with tempfile.TemporaryDirectory(prefix="activations_bench_") as tmp:
-        (pathlib.Path(tmp) / "bench" / "results").mkdir(parents=True)
-        command = [str(BUILD / "bench" / "engine_bench"), "--model", model, "--threads",
-                   str(args.threads), "--decode-tokens", str(args.tokens), "--activations", mode]
-        done = subprocess.run(command, env=dict(os.environ, LOOM_SOURCE_DIR=tmp), cwd=tmp,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-        [written] = list((pathlib.Path(tmp) / "bench" / "results").glob("engine_cpu*.json"))
-        result = json.loads(written.read_text())
+    result = cpu_vs_llamacpp.engine_bench_result(model, args.threads, args.tokens, mode)
     batched = {str(b["sequences"]): b["tokens_per_s"] for b in result["batched_decode"]}
     return {"pp512": result["prefill_512"]["tokens_per_s"],
             "prefill_vs_fma_peak": result["prefill_512"]["vs_fma_peak"],
@@ -130,7 +116,7 @@ def main():
               flush=True)
     for mode in modes:
         if mode != "f32":
-            accuracy[mode]["vs_f32"] = pair = paired(token_nll[mode], token_nll["f32"])
+            accuracy[mode]["vs_f32"] = pair = paired_with_f32(token_nll[mode], token_nll["f32"])
             print(f"{mode} vs f32: perplexity x{pair['perplexity_ratio']:.5f} (95% "
                   f"{pair['perplexity_ratio_95'][0]:.5f}-{pair['perplexity_ratio_95'][1]:.5f})")
 

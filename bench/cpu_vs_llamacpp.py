@@ -204,25 +204,36 @@ def run_llama(args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_loom(args) -> dict:
+def engine_bench_result(model: str, threads: int, tokens: int, activations: str,
+                        env: dict | None = None, preexec_fn=None, echo: bool = False) -> dict:
+    """One bench/engine_bench run (its full figures), its JSON parsed. engine_bench writes
+    bench/results/engine_cpu*.json under LOOM_SOURCE_DIR: a scratch directory here, so the
+    committed engine_cpu*.json stay as they are. `model` must be absolute (it runs there)."""
     engine = BUILD_DIR / "bench" / "engine_bench"
     if not engine.exists():
         raise SystemExit(f"no {engine}: cmake --build build --target engine_bench")
-    with tempfile.TemporaryDirectory(prefix="cpu_vs_llamacpp_") as tmp:
-        # engine_bench writes bench/results/engine_cpu_<isa>.json under LOOM_SOURCE_DIR:
-        # a scratch directory, so the committed engine_cpu*.json stay as they are.
+    with tempfile.TemporaryDirectory(prefix="engine_bench_") as tmp:
         (pathlib.Path(tmp) / "bench" / "results").mkdir(parents=True)
-        env = dict(os.environ, LOOM_CPU_ISA=args.isa, LOOM_SOURCE_DIR=tmp)
         out = subprocess.run(
-            [str(engine), "--model", args.model, "--threads", str(args.threads),
-             "--decode-tokens", str(args.tokens), "--activations", args.loom_activations],
-            env=env, cwd=tmp, check=True, capture_output=True, text=True,
-            preexec_fn=child_setup(args))
-        sys.stdout.write(out.stdout)
+            [str(engine), "--model", model, "--threads", str(threads), "--decode-tokens",
+             str(tokens), "--activations", activations],
+            env=dict(env or os.environ, LOOM_SOURCE_DIR=tmp), cwd=tmp, capture_output=True,
+            text=True, preexec_fn=preexec_fn)
+        if out.returncode != 0:
+            raise SystemExit(f"engine_bench failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        if echo:
+            sys.stdout.write(out.stdout)
         written = list((pathlib.Path(tmp) / "bench" / "results").glob("engine_cpu*.json"))
         if len(written) != 1:
             raise SystemExit(f"engine_bench wrote {written}, expected one engine_cpu*.json")
-        result = json.loads(written[0].read_text())
+        return json.loads(written[0].read_text())
+
+
+def run_loom(args) -> dict:
+    result = engine_bench_result(str(pathlib.Path(args.model).resolve()), args.threads,
+                                 args.tokens, args.loom_activations,
+                                 env=dict(os.environ, LOOM_CPU_ISA=args.isa),
+                                 preexec_fn=child_setup(args), echo=True)
     batched = {str(b["sequences"]): b["tokens_per_s"] for b in result["batched_decode"]}
     return {
         "pp512": result["prefill_512"]["tokens_per_s"],

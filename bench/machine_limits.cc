@@ -87,12 +87,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
 // 4-byte values) and releases the tile state. Tile registers are architectural state, so the
 // loop between the two calls works on what StartAmxPeakLoop left.
 __attribute__((target("amx-tile"))) void StartAmxPeakLoop(const void* data) {
-  kernels::cpu::AmxTileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
-  LoadTileConfig(config);
+  LoadTileConfig(kernels::cpu::FullTileConfig());
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

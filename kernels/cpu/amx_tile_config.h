@@ -18,6 +18,16 @@ struct alignas(64) AmxTileConfig {
 };
 static_assert(sizeof(AmxTileConfig) == 64);
 
+/// Every tile at its largest, 16 rows of 64 bytes: the BF16 GEMM's and the peak loops'.
+inline AmxTileConfig FullTileConfig() {
+  AmxTileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  return config;
+}
+
 /// LDTILECFG of `config`, as inline assembly with the whole struct as a memory input. GCC 12's
 /// _tile_loadconfig declares only the operand's first 8 bytes as read (an "m" of a pointer):
 /// in the bench's peak loop, once its setup moved into a function of its own, -O2 dropped the

@@ -535,19 +535,23 @@ const char* ActivationPrecisionName(ActivationPrecision precision) {
 
 absl::Status ActivationPrecisionStatus(ActivationPrecision precision) {
   if (precision != ActivationPrecision::kBf16) return absl::OkStatus();
-  // cpuid first: LOOM_CPU_ISA only caps what the CPU has.
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16") ||
-      !CpuSupportsIsa(CpuIsa::kAmx)) {
-    return absl::FailedPreconditionError(
-        "--activations bf16 needs Intel AMX-BF16 (Sapphire Rapids or later, with the kernel's "
-        "permission for the tile state), which this CPU does not offer: use f32 or int8");
-  }
-  if (ActiveCpuIsa() < CpuIsa::kAmx) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "--activations bf16 runs on AMX tiles, but LOOM_CPU_ISA=%s caps the kernels below amx",
-        CpuIsaName(ActiveCpuIsa())));
-  }
-  return absl::OkStatus();
+  // Decided once (cpuid and ActiveCpuIsa() do not change): Matmul asks on every call.
+  static const absl::Status bf16 = []() -> absl::Status {
+    // cpuid first: LOOM_CPU_ISA only caps what the CPU has.
+    if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16") ||
+        !CpuSupportsIsa(CpuIsa::kAmx)) {
+      return absl::FailedPreconditionError(
+          "--activations bf16 needs Intel AMX-BF16 (Sapphire Rapids or later, with the kernel's "
+          "permission for the tile state), which this CPU does not offer: use f32 or int8");
+    }
+    if (ActiveCpuIsa() < CpuIsa::kAmx) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "--activations bf16 runs on AMX tiles, but LOOM_CPU_ISA=%s caps the kernels below amx",
+          CpuIsaName(ActiveCpuIsa())));
+    }
+    return absl::OkStatus();
+  }();
+  return bf16;
 }
 
 const char* MatmulIsa() {

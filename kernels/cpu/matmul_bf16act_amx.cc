@@ -42,15 +42,6 @@ constexpr int64_t kTileTokens = 16;  // A rows
 constexpr int kPanelBlocks = 2;      // row blocks per panel (B tiles per product step)
 constexpr int kTokenTiles = 2;       // A tiles per product step
 
-void ConfigureTiles() {
-  AmxTileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
-  LoadTileConfig(config);
-}
-
 // One B-tile row from column pair (even, odd) of 16 weight rows: the BF16 of (even[r], odd[r])
 // for r = 0..15, interleaved.
 inline __m512i PairUp(__m512 even, __m512 odd) {
@@ -308,7 +299,7 @@ void MatmulBf16ActBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t bl
             k_pad,
             reinterpret_cast<uint16_t*>(scratch + 32 * 32),
             scratch};
-  ConfigureTiles();
+  LoadTileConfig(FullTileConfig());
   for (int64_t b = block_begin; b < block_end; b += kPanelBlocks) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelBlocks, block_end - b));
     pass.block0 = b;
