@@ -54,6 +54,7 @@ struct Format {
 
 const Format kFormats[] = {{"F32", WeightFormat::kF32, 0, ActivationPrecision::kF32, "f32"},
                            {"F16", WeightFormat::kF16, 0, ActivationPrecision::kF32, "f32"},
+                           {"BF16", WeightFormat::kBf16, 0, ActivationPrecision::kF32, "f32"},
                            {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kF32, "f32"},
                            {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kInt8, "int8"},
                            {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kF32, "f32"},
@@ -429,7 +430,8 @@ void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) 
 }
 
 // BF16 activations (AMX-BF16; skipped where the CPU lacks it) against the float-activation
-// kernels Matmul takes by default, on F16, INT8 and INT4 weights: 1 thread, weights in cache,
+// kernels Matmul takes by default, on F16, BF16 (read by the tiles as stored), INT8 and INT4
+// weights: 1 thread, weights in cache,
 // process CPU time as in RunA8Gemm; GFLOP per CPU-second, the BF16 column's ratio to the
 // 1-thread AMX BF16 peak (TDPBF16PS) and its speedup over f32 (median of per-round ratios, the
 // two alternating). Appends the "bf16_gemm" rows.

@@ -43,8 +43,9 @@ struct Options {
 // Parses the command line into `options`; nullopt to go on, else the exit code.
 std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::CommandLine command_line(
-      "loom quantize", "loom quantize MODEL --out OUT.gguf --format int8|int4|f16|f32: write "
-                       "a model with INT8/INT4 (RTN or AWQ), F16 or F32 linear layers");
+      "loom quantize",
+      "loom quantize MODEL --out OUT.gguf --format int8|int4|f16|bf16|f32: "
+      "write a model with INT8/INT4 (RTN or AWQ), F16, BF16 or F32 linear layers");
   CLI::App& app = command_line.app();
   QuantizerOptions& quantizer = options.quantizer;
   cli::AddString(app, "model,--model", options.model_path, "the input model; required");
@@ -56,10 +57,11 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
            options.quantizer.format = text == "int8"   ? QuantizeFormat::kInt8
                                       : text == "int4" ? QuantizeFormat::kInt4
                                       : text == "f16"  ? QuantizeFormat::kF16
+                                      : text == "bf16" ? QuantizeFormat::kBf16
                                                        : QuantizeFormat::kF32;
          },
          "the linear layers' format; required")
-      ->check(cli::OneOf({"int8", "int4", "f16", "f32"}))
+      ->check(cli::OneOf({"int8", "int4", "f16", "bf16", "f32"}))
       ->default_str("required");
   app.add_option_function<std::string>(
          "--method",

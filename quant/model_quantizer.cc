@@ -40,6 +40,8 @@ const char* FormatName(QuantizeFormat format) {
       return "f32";
     case QuantizeFormat::kF16:
       return "f16";
+    case QuantizeFormat::kBf16:
+      return "bf16";
     case QuantizeFormat::kInt8:
       return "int8";
     case QuantizeFormat::kInt4:
@@ -188,6 +190,8 @@ void WriteQuantizationMetadata(const common::GgufFile& in, const QuantizerOption
     out.SetUint32("general.file_type", 0);  // ggml's ALL_F32
   } else if (options.format == QuantizeFormat::kF16) {
     out.SetUint32("general.file_type", 1);  // MOSTLY_F16
+  } else if (options.format == QuantizeFormat::kBf16) {
+    out.SetUint32("general.file_type", 32);  // MOSTLY_BF16
   } else {
     // No ggml file type describes Loom's formats; loom.quantization.* does.
     out.Remove("general.file_type");
@@ -220,7 +224,7 @@ absl::flat_hash_set<std::string> LinearWeights(const common::ModelConfig& config
   return linear;
 }
 
-// F32 / F16: every matrix converted, vectors kept.
+// F32 / F16 / BF16: every matrix converted (rounded to nearest even), vectors kept.
 absl::Status ConvertToFloat(const common::GgufFile& in, const QuantizerOptions& options,
                             std::map<std::string, int>& conversions, common::GgufWriter& out) {
   for (const common::GgufTensorInfo& tensor : in.tensors()) {
@@ -244,17 +248,18 @@ absl::Status ConvertToFloat(const common::GgufFile& in, const QuantizerOptions& 
       bytes.resize(values.size() * 4);
       std::memcpy(bytes.data(), values.data(), bytes.size());
     } else {
-      type = GgmlType::kF16;
+      const bool bf16 = options.format == QuantizeFormat::kBf16;
+      type = bf16 ? GgmlType::kBF16 : GgmlType::kF16;
       bytes.resize(values.size() * 2);
       for (size_t i = 0; i < values.size(); ++i) {
-        const uint16_t half = cpu::FloatToHalf(values[i]);
+        const uint16_t half = bf16 ? cpu::FloatToBf16(values[i]) : cpu::FloatToHalf(values[i]);
         std::memcpy(bytes.data() + 2 * i, &half, 2);
       }
     }
     conversions[absl::StrCat(loom.has_value()
                                  ? std::string("Loom")
                                  : common::RawGgmlTypeName(static_cast<uint32_t>(tensor.type)),
-                             " -> ", options.format == QuantizeFormat::kF32 ? "F32" : "F16")]++;
+                             " -> ", common::RawGgmlTypeName(static_cast<uint32_t>(type)))]++;
     LOOM_RETURN_IF_ERROR(out.AddTensor(
         name, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, type, std::move(bytes)));
   }

@@ -12,7 +12,7 @@
 namespace loom::quant {
 
 /// What `loom quantize` writes the linear layers as.
-enum class QuantizeFormat { kF32, kF16, kInt8, kInt4 };
+enum class QuantizeFormat { kF32, kF16, kBf16, kInt8, kInt4 };
 enum class QuantizeMethod { kRtn, kAwq };
 
 struct QuantizerOptions {

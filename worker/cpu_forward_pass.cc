@@ -30,6 +30,9 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
   const bool int8_activations = options.activations == kernels::cpu::ActivationPrecision::kInt8;
   kernels::cpu::PackOptions pack;
   pack.q5_0_as_int8 = avx512 == int8_activations;
+  // bf16 activations multiply F16/F32 weights as BF16: held so, the AMX kernel reads them as
+  // they are (kernels/cpu/weights.h).
+  pack.floats_as_bf16 = options.activations == kernels::cpu::ActivationPrecision::kBf16;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
                         model::LoadModelWeights(gguf,
                                                 {options.tp_rank, options.tp_size, options.pp_stage,

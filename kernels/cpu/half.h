@@ -42,12 +42,15 @@ inline uint16_t FloatToBf16(float value) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-/// `value` rounded to BF16 (FloatToBf16), as a float.
-inline float RoundToBf16(float value) {
-  const uint32_t bits = static_cast<uint32_t>(FloatToBf16(value)) << 16;
-  float rounded;
-  std::memcpy(&rounded, &bits, sizeof(rounded));
-  return rounded;
+/// BF16 bits to float (exact).
+inline float Bf16ToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
 }
+
+/// `value` rounded to BF16 (FloatToBf16), as a float.
+inline float RoundToBf16(float value) { return Bf16ToFloat(FloatToBf16(value)); }
 
 }  // namespace loom::kernels::cpu

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/half.h"
+
 namespace loom::kernels::cpu {
 
 /// Element type of the KV cache. The 8-bit types (--kv-cache-dtype int8|fp8_e4m3) store
@@ -47,14 +49,6 @@ inline constexpr float kFp8E4m3Max = 448.0f;
 float Fp8E4m3ToFloat(uint8_t code);
 /// float to E4M3FN, round to nearest even, saturating at +-448; NaN gives NaN.
 uint8_t FloatToFp8E4m3(float value);
-
-/// BF16 bits to float (exact).
-inline float Bf16ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  __builtin_memcpy(&value, &wide, sizeof(value));
-  return value;
-}
 
 /// Whether an 8-bit cache of this head dim stores K and V rotated: for power-of-two head
 /// dims, each row is multiplied by the normalized Walsh-Hadamard matrix H (orthogonal and

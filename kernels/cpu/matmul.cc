@@ -216,6 +216,16 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
           }
           break;
         }
+        case WeightFormat::kBf16: {
+          const uint16_t* wb = reinterpret_cast<const uint16_t*>(data);
+          const float* x = a.x + t * k;
+          for (int64_t c = 0; c < k; ++c) {
+            for (int r = 0; r < kRowBlock; ++r) {
+              acc[r] += Bf16ToFloat(wb[internal::Bf16Index(r, c)]) * x[c];
+            }
+          }
+          break;
+        }
         case WeightFormat::kNl4:  // read as INT8 (KernelFormat)
           break;
         case WeightFormat::kInt8:

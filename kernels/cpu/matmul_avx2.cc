@@ -35,17 +35,24 @@ inline void StoreOutput(__m256 lo, __m256 hi, const MatmulArgs& a, int64_t block
   }
 }
 
-template <bool kHalf>
+// Rows [8 half, 8 half + 8) of column `col` of an F32 / F16 / BF16 row block.
+template <WeightFormat kFormat>
 inline __m256 LoadWeights(const uint8_t* base, int64_t col, int half) {
-  if constexpr (kHalf) {
+  if constexpr (kFormat == WeightFormat::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(
         reinterpret_cast<const __m128i*>(base + (col * kRowBlock + half * 8) * 2)));
+  } else if constexpr (kFormat == WeightFormat::kBf16) {
+    // Column pair col / 2's dwords: col's BF16 in the low halves, col + 1's in the high.
+    const __m256i pair = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(base + Bf16Index(half * 8, col - col % 2) * 2));
+    return _mm256_castsi256_ps(col % 2 == 0 ? _mm256_slli_epi32(pair, 16)
+                                            : _mm256_and_si256(pair, _mm256_set1_epi32(-65536)));
   } else {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(base) + col * kRowBlock + half * 8);
   }
 }
 
-template <bool kHalf, int Mr, int Nb>
+template <WeightFormat kFormat, int Mr, int Nb>
 void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
@@ -56,12 +63,8 @@ void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
   }
-  for (int64_t c = 0; c < k; ++c) {
-    __m256 wv[Nb][2];
-    for (int j = 0; j < Nb; ++j) {
-      wv[j][0] = LoadWeights<kHalf>(base[j], c, 0);
-      wv[j][1] = LoadWeights<kHalf>(base[j], c, 1);
-    }
+  // acc += column c's weights times x[, c].
+  auto step = [&](const __m256(&wv)[Nb][2], int64_t c) {
     for (int r = 0; r < Mr; ++r) {
       const __m256 xv = _mm256_set1_ps(x[r * k + c]);
       for (int j = 0; j < Nb; ++j) {
@@ -69,6 +72,32 @@ void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
         acc[r][j][1] = _mm256_fmadd_ps(wv[j][1], xv, acc[r][j][1]);
       }
     }
+  };
+  int64_t c = 0;
+  if constexpr (kFormat == WeightFormat::kBf16) {
+    // A column pair per load: the even column's BF16 shifted up, the odd one's masked.
+    const __m256i high = _mm256_set1_epi32(-65536);
+    for (; c + 2 <= k; c += 2) {
+      __m256 even[Nb][2], odd[Nb][2];
+      for (int j = 0; j < Nb; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const __m256i pair = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(base[j] + Bf16Index(h * 8, c) * 2));
+          even[j][h] = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+          odd[j][h] = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
+        }
+      }
+      step(even, c);
+      step(odd, c + 1);
+    }
+  }
+  for (; c < k; ++c) {
+    __m256 wv[Nb][2];
+    for (int j = 0; j < Nb; ++j) {
+      wv[j][0] = LoadWeights<kFormat>(base[j], c, 0);
+      wv[j][1] = LoadWeights<kFormat>(base[j], c, 1);
+    }
+    step(wv, c);
   }
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) StoreOutput(acc[r][j][0], acc[r][j][1], a, block0 + j, token0 + r);
@@ -200,26 +229,27 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   }
 }
 
-template <bool kHalf>
+template <WeightFormat kFormat>
 void RunFloat(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   if (a.m == 1) {
     int64_t b = block_begin;
-    for (; b + kGemvBlocks <= block_end; b += kGemvBlocks) FloatTile<kHalf, 1, kGemvBlocks>(a, b, 0);
-    for (; b < block_end; ++b) FloatTile<kHalf, 1, 1>(a, b, 0);
+    for (; b + kGemvBlocks <= block_end; b += kGemvBlocks)
+      FloatTile<kFormat, 1, kGemvBlocks>(a, b, 0);
+    for (; b < block_end; ++b) FloatTile<kFormat, 1, 1>(a, b, 0);
     return;
   }
   for (int64_t b = block_begin; b < block_end; ++b) {
     int64_t t = 0;
-    for (; t + kFloatMr <= a.m; t += kFloatMr) FloatTile<kHalf, kFloatMr, 1>(a, b, t);
+    for (; t + kFloatMr <= a.m; t += kFloatMr) FloatTile<kFormat, kFloatMr, 1>(a, b, t);
     switch (a.m - t) {
       case 3:
-        FloatTile<kHalf, 3, 1>(a, b, t);
+        FloatTile<kFormat, 3, 1>(a, b, t);
         break;
       case 2:
-        FloatTile<kHalf, 2, 1>(a, b, t);
+        FloatTile<kFormat, 2, 1>(a, b, t);
         break;
       case 1:
-        FloatTile<kHalf, 1, 1>(a, b, t);
+        FloatTile<kFormat, 1, 1>(a, b, t);
         break;
       default:
         break;
@@ -264,10 +294,13 @@ void ExpandNl4BlocksAvx2(const PackedWeight& w, int64_t block_begin, int64_t blo
 void MatmulBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   switch (KernelFormat(a)) {
     case WeightFormat::kF32:
-      RunFloat<false>(a, block_begin, block_end);
+      RunFloat<WeightFormat::kF32>(a, block_begin, block_end);
       return;
     case WeightFormat::kF16:
-      RunFloat<true>(a, block_begin, block_end);
+      RunFloat<WeightFormat::kF16>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kBf16:
+      RunFloat<WeightFormat::kBf16>(a, block_begin, block_end);
       return;
     case WeightFormat::kInt8:
       RunInt<WeightFormat::kInt8>(a, block_begin, block_end);

@@ -26,18 +26,25 @@ constexpr int kIntNb = 2;
 // Zen 4, 1536x576 to 2048x2048, m = 8..512).
 constexpr int kGemmIntMr = 4;
 
-template <bool kHalf>
+// Column `col` of an F32 / F16 / BF16 row block.
+template <WeightFormat kFormat>
 inline __m512 LoadWeights(const uint8_t* base, int64_t col) {
-  if constexpr (kHalf) {
+  if constexpr (kFormat == WeightFormat::kF16) {
     return _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + col * kRowBlock * 2)));
+  } else if constexpr (kFormat == WeightFormat::kBf16) {
+    // Column pair col / 2's dwords: col's BF16 in the low halves, col + 1's in the high.
+    const __m512i pair = _mm512_loadu_si512(base + Bf16Index(0, col - col % 2) * 2);
+    return _mm512_castsi512_ps(col % 2 == 0 ? _mm512_slli_epi32(pair, 16)
+                                            : _mm512_and_si512(pair, _mm512_set1_epi32(-65536)));
   } else {
     return _mm512_loadu_ps(reinterpret_cast<const float*>(base + col * kRowBlock * 4));
   }
 }
 
-// F32 / F16 weights: acc[r][j] += W[block j, :, col] * x[r, col] over all columns.
-template <bool kHalf, int Mr, int Nb>
+// F32 / F16 / BF16 weights: acc[r][j] += W[block j, :, col] * x[r, col] over all columns, in
+// column order (the same bits for the same values in any of the three).
+template <WeightFormat kFormat, int Mr, int Nb>
 void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
@@ -48,13 +55,31 @@ void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_setzero_ps();
   }
-  for (int64_t c = 0; c < k; ++c) {
-    __m512 wv[Nb];
-    for (int j = 0; j < Nb; ++j) wv[j] = LoadWeights<kHalf>(base[j], c);
+  auto step = [&](const __m512(&wv)[Nb], int64_t c) {
     for (int r = 0; r < Mr; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * k + c]);
       for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
     }
+  };
+  int64_t c = 0;
+  if constexpr (kFormat == WeightFormat::kBf16) {
+    // A column pair per load: the even column's BF16 shifted up, the odd one's masked.
+    const __m512i high = _mm512_set1_epi32(-65536);
+    for (; c + 2 <= k; c += 2) {
+      __m512 even[Nb], odd[Nb];
+      for (int j = 0; j < Nb; ++j) {
+        const __m512i pair = _mm512_loadu_si512(base[j] + Bf16Index(0, c) * 2);
+        even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+        odd[j] = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
+      }
+      step(even, c);
+      step(odd, c + 1);
+    }
+  }
+  for (; c < k; ++c) {
+    __m512 wv[Nb];
+    for (int j = 0; j < Nb; ++j) wv[j] = LoadWeights<kFormat>(base[j], c);
+    step(wv, c);
   }
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) StoreOutput(acc[r][j], a, block0 + j, token0 + r);
@@ -199,10 +224,10 @@ struct TileTable {
   }
 };
 
-template <int kHalf, int Mr, int Nb>
+template <int kFormat, int Mr, int Nb>
 struct FloatKernel {
   static void Run(const MatmulArgs& a, int64_t block0, int64_t token0) {
-    FloatTile<kHalf != 0, Mr, Nb>(a, block0, token0);
+    FloatTile<static_cast<WeightFormat>(kFormat), Mr, Nb>(a, block0, token0);
   }
 };
 template <int kFormat, int Mr, int Nb>
@@ -211,6 +236,9 @@ struct IntKernel {
     IntTile<kFormat, Mr, Nb>(a, block0, token0);
   }
 };
+constexpr int kF32Kernel = static_cast<int>(WeightFormat::kF32);
+constexpr int kF16Kernel = static_cast<int>(WeightFormat::kF16);
+constexpr int kBf16Kernel = static_cast<int>(WeightFormat::kBf16);
 constexpr int kInt8Kernel = static_cast<int>(WeightFormat::kInt8);
 constexpr int kInt4Kernel = static_cast<int>(WeightFormat::kInt4);
 constexpr int kInt5Kernel = static_cast<int>(WeightFormat::kInt5);
@@ -317,10 +345,13 @@ void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int
 void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   switch (KernelFormat(a)) {
     case WeightFormat::kF32:
-      RunTiles<FloatKernel, 0>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      RunTiles<FloatKernel, kF32Kernel>(a, block_begin, block_end, kFloatMr, kFloatNb);
       return;
     case WeightFormat::kF16:
-      RunTiles<FloatKernel, 1>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      RunTiles<FloatKernel, kF16Kernel>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      return;
+    case WeightFormat::kBf16:
+      RunTiles<FloatKernel, kBf16Kernel>(a, block_begin, block_end, kFloatMr, kFloatNb);
       return;
     case WeightFormat::kInt8:
       RunTiles<IntKernel, kInt8Kernel>(a, block_begin, block_end, kIntMr, kIntNb);

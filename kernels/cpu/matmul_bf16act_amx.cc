@@ -19,6 +19,10 @@
 // order whatever else is in the tile and whichever pass runs it, so a token's result does not
 // depend on its batch or on where it falls in it (batch invariance), nor on the thread count.
 //
+// A BF16 weight (WeightFormat::kBf16: a BF16 checkpoint, or F16/F32 ones the CPU forward pass
+// packs so for this mode) is stored as these B tiles already: its row blocks are the panel, the
+// tiles load straight from it, and nothing is converted (PanelPass with Pass::native).
+//
 // Dequantization bounds it where the weights are not reused: single-stream decode of the
 // default model ran at ~0.5x the f32 path's tokens/s (~0.35x before the prefetch and the
 // overlap), batches of 16 and more faster than f32 (bench/results/activations_cpu*.json).
@@ -132,6 +136,8 @@ ColumnPairsFn ColumnPairsFor(const MatmulArgs& a) {
       return ColumnPairsFloat<false>;
     case WeightFormat::kF16:
       return ColumnPairsFloat<true>;
+    case WeightFormat::kBf16:  // read as it is (Pass::native)
+      return nullptr;
     case WeightFormat::kInt5:
       return ColumnPairsInteger<Int5Decoder>;
     case WeightFormat::kInt4:
@@ -188,23 +194,26 @@ struct Pass {
   int64_t k_pad;
   uint16_t* panel;  // the panel's scratch
   float* out;       // 32 x 32 F32
+  // A BF16 weight's own row blocks (already B tiles: nothing to convert), or null.
+  const uint16_t* native;
 };
 
 // The whole panel dequantized first, then this pass's tokens over it (Matmul's larger
 // batches: every pass after the first reuses the panel).
+// A BF16 weight's panel is its own row blocks, read as they are.
 template <int kMt, int kNb>
 void PanelPass(const Pass& p, bool dequantize) {
-  const int64_t stride = p.k_pad / 2 * 32;
-  if (dequantize) {
+  const int64_t stride = p.k_pad / 2 * 32;  // a row block's BF16 values
+  if (dequantize && p.native == nullptr) {
     for (int j = 0; j < kNb; ++j) {
       p.column_pairs(*p.args, p.block0 + j, 0, p.k_pad, p.ahead < 0 ? -1 : p.ahead + j,
                      p.panel + j * stride);
     }
   }
+  const uint16_t* panel = p.native != nullptr ? p.native : p.panel;
   Tiles<kMt, kNb>::Zero();
   for (int64_t c = 0; c < p.k_pad; c += kTileK) {
-    Tiles<kMt, kNb>::Step(p.x + c, p.k_pad * 2, p.panel + c / 2 * 32,
-                          p.panel + stride + c / 2 * 32);
+    Tiles<kMt, kNb>::Step(p.x + c, p.k_pad * 2, panel + c / 2 * 32, panel + stride + c / 2 * 32);
   }
   Tiles<kMt, kNb>::Store(p.out);
 }
@@ -286,10 +295,11 @@ void MatmulBf16ActBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t bl
   const PackedWeight& w = *a.weight;
   const int64_t n = w.rows, k_pad = a.bf16_k;
   const int64_t m_pad = (a.m + kTileTokens - 1) / kTileTokens * kTileTokens;
-  const bool streamed = m_pad <= kTileTokens * kTokenTiles;
+  const bool native = w.format == WeightFormat::kBf16;
+  const bool streamed = m_pad <= kTileTokens * kTokenTiles && !native;
   // The panel (or the ring) and the C tiles' output (32 x 32 F32) in the thread's scratch.
   const int64_t panel_values =
-      kPanelBlocks * (streamed ? 2 * kChunkSteps * kTileK / 2 * 32 : k_pad / 2 * 32);
+      native ? 0 : kPanelBlocks * (streamed ? 2 * kChunkSteps * kTileK / 2 * 32 : k_pad / 2 * 32);
   float* const scratch = ThreadScratch(32 * 32 + panel_values / 2);
   Pass pass{&a,
             ColumnPairsFor(a),
@@ -298,11 +308,13 @@ void MatmulBf16ActBlocksAmx(const MatmulArgs& a, int64_t block_begin, int64_t bl
             nullptr,
             k_pad,
             reinterpret_cast<uint16_t*>(scratch + 32 * 32),
-            scratch};
+            scratch,
+            nullptr};
   LoadTileConfig(FullTileConfig());
   for (int64_t b = block_begin; b < block_end; b += kPanelBlocks) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelBlocks, block_end - b));
     pass.block0 = b;
+    if (native) pass.native = reinterpret_cast<const uint16_t*>(KernelBlockData(a, b));
     // The next panel, if it is as wide as this one (else the last, odd block goes unasked).
     pass.ahead = b + 2 * nb <= block_end ? b + nb : -1;
     const int64_t row0 = b * kRowBlock;

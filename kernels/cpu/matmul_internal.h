@@ -16,6 +16,11 @@ namespace loom::kernels::cpu::internal {
 /// Weight rows are interleaved in blocks of kRowBlock (rows padded with zeros to a
 /// multiple of it). Within a block of 16 rows:
 ///   F32 / F16: [cols][16]                 value (r, c) at c * 16 + r
+///   BF16:      [cols32 / 2][16][2] uint16 value (r, c) at (c / 2) * 32 + r * 2 + c % 2,
+///              cols32 = cols rounded up to 32, the columns past cols zero: AMX-BF16's
+///              B-tile layout (a 64-byte line is 16 rows x one column pair, and 16 lines,
+///              32 columns, are one tile); as 16 dwords a line holds column c in the low
+///              halves and c + 1 in the high ones (one shift or mask each to F32)
 ///   INT8:      [cols / 4][16][4] uint8    byte  (r, c) at (c / 4) * 64 + r * 4 + c % 4,
 ///              holding q + 128 (offset binary, so VNNI's unsigned operand is the weight)
 ///   INT4:      [cols / 8][16][4] uint8    byte  (r, c) at (c / 8) * 64 + r * 4 + c % 4,
@@ -53,6 +58,11 @@ inline float* ThreadScratch(size_t count) {
   return buffer.get();
 }
 
+/// A BF16 weight's columns as stored: rounded up to a whole AMX tile (32).
+inline int64_t Bf16PaddedCols(int64_t cols) { return (cols + 31) / 32 * 32; }
+/// Index of BF16 element (r, c) inside its row block's uint16 values (r < 16).
+inline int64_t Bf16Index(int64_t r, int64_t c) { return (c / 2) * 32 + r * 2 + c % 2; }
+
 /// Bytes of `data` per row block.
 inline int64_t BlockDataBytes(WeightFormat format, int64_t cols) {
   switch (format) {
@@ -60,6 +70,8 @@ inline int64_t BlockDataBytes(WeightFormat format, int64_t cols) {
       return cols * kRowBlock * 4;
     case WeightFormat::kF16:
       return cols * kRowBlock * 2;
+    case WeightFormat::kBf16:
+      return Bf16PaddedCols(cols) * kRowBlock * 2;
     case WeightFormat::kInt8:
       return cols * kRowBlock;
     case WeightFormat::kInt4:
@@ -322,7 +334,8 @@ bool AmxInUse();
 void SetAmxAllowedForTesting(bool allowed);
 
 /// BF16 activations on AMX-BF16 tiles (matmul_bf16act_amx.cc), every weight format and every
-/// m: each panel of 32 weight rows dequantized once per call to BF16 in AMX's B layout, then
+/// m: each panel of 32 weight rows dequantized once per call to BF16 in AMX's B layout (a BF16
+/// weight's row blocks are that layout already and are read as they are), then
 /// every 16-token tile of x_bf16 run over it (TDPBF16PS, F32 sums in column order, a token's
 /// result independent of its batch).
 void MatmulBf16ActBlocksAmx(const MatmulArgs& args, int64_t block_begin, int64_t block_end);

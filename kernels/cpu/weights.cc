@@ -24,6 +24,8 @@ const char* WeightFormatName(WeightFormat format) {
       return "F32";
     case WeightFormat::kF16:
       return "F16";
+    case WeightFormat::kBf16:
+      return "BF16";
     case WeightFormat::kInt8:
       return "INT8";
     case WeightFormat::kInt4:
@@ -162,6 +164,7 @@ absl::Status ForEachRowRun(int64_t rows, int64_t cols,
 namespace {
 
 using internal::Allocate;
+using internal::Bf16Index;
 using internal::BlockData;
 using internal::BlockDataBytes;
 using internal::GetQ;
@@ -202,6 +205,11 @@ void SetRowFromF32(PackedWeight& w, int64_t row, const float* values) {
       for (int64_t c = 0; c < w.cols; ++c) block[c * kRowBlock + r] = FloatToHalf(values[c]);
       return;
     }
+    case WeightFormat::kBf16: {
+      uint16_t* block = reinterpret_cast<uint16_t*>(BlockData(w, row));
+      for (int64_t c = 0; c < w.cols; ++c) block[Bf16Index(r, c)] = FloatToBf16(values[c]);
+      return;
+    }
     case WeightFormat::kInt8:
     case WeightFormat::kInt4:
     case WeightFormat::kInt5:
@@ -228,6 +236,12 @@ void CopyRow(const PackedWeight& src, int64_t src_row, PackedWeight& dst, int64_
       const uint16_t* from = reinterpret_cast<const uint16_t*>(BlockData(src, src_row));
       uint16_t* to = reinterpret_cast<uint16_t*>(BlockData(dst, dst_row));
       for (int64_t c = 0; c < src.cols; ++c) to[c * kRowBlock + dr] = from[c * kRowBlock + sr];
+      return;
+    }
+    case WeightFormat::kBf16: {
+      const uint16_t* from = reinterpret_cast<const uint16_t*>(BlockData(src, src_row));
+      uint16_t* to = reinterpret_cast<uint16_t*>(BlockData(dst, dst_row));
+      for (int64_t c = 0; c < src.cols; ++c) to[Bf16Index(dr, c)] = from[Bf16Index(sr, c)];
       return;
     }
     case WeightFormat::kInt8:
@@ -524,6 +538,26 @@ absl::StatusOr<PackedWeight> PackTableBlocks(common::GgmlType type, const uint8_
   return w;
 }
 
+namespace {
+
+// A [rows, cols] BF16 matrix whose row-major element i is bits(i).
+template <typename Bits>
+absl::StatusOr<PackedWeight> PackBf16(int64_t rows, int64_t cols, const char* source, Bits bits) {
+  LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kBf16, rows, cols, 0));
+  LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+    for (int64_t row = first; row < end; ++row) {
+      uint16_t* block = reinterpret_cast<uint16_t*>(BlockData(w, row));
+      const int64_t r = row % kRowBlock;
+      for (int64_t c = 0; c < cols; ++c) block[Bf16Index(r, c)] = bits(row * cols + c);
+    }
+    return absl::OkStatus();
+  }));
+  w.source = source;
+  return w;
+}
+
+}  // namespace
+
 absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,
                                         int64_t cols, const PackOptions& options) {
   using common::GgmlType;
@@ -544,6 +578,12 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kMXFP4:
       return PackTableBlocks(type, static_cast<const uint8_t*>(data), rows, cols, options);
     case GgmlType::kF16: {
+      if (options.floats_as_bf16) {
+        return PackBf16(rows, cols, "F16 -> BF16 (rounded for --activations bf16)",
+                        [src = static_cast<const uint8_t*>(data)](int64_t i) {
+                          return FloatToBf16(HalfToFloat(LoadU16(src + 2 * i)));
+                        });
+      }
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
       LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
@@ -563,18 +603,21 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
       return internal::PackKQuantBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
-    case GgmlType::kF32:
-    case GgmlType::kBF16: {
+    case GgmlType::kBF16:  // the bits as they are (subnormals and NaN payloads included)
+      return PackBf16(
+          rows, cols, "BF16 -> BF16 (lossless)",
+          [src = static_cast<const uint8_t*>(data)](int64_t i) { return LoadU16(src + 2 * i); });
+    case GgmlType::kF32: {
       std::vector<float> values(static_cast<size_t>(rows * cols));
-      const int64_t element_bytes = type == GgmlType::kF32 ? 4 : 2;
       LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
-        return common::DequantizeToF32(
-            type, static_cast<const uint8_t*>(data) + first * cols * element_bytes,
-            static_cast<uint64_t>((end - first) * cols), values.data() + first * cols);
+        return common::DequantizeToF32(type, static_cast<const uint8_t*>(data) + first * cols * 4,
+                                       static_cast<uint64_t>((end - first) * cols),
+                                       values.data() + first * cols);
       }));
-      LOOM_ASSIGN_OR_RETURN(PackedWeight w,
-                            PackFromF32(values.data(), rows, cols, WeightFormat::kF32, 0));
-      w.source = absl::StrFormat("%s -> F32 (lossless)", type_name);
+      const WeightFormat format = options.floats_as_bf16 ? WeightFormat::kBf16 : WeightFormat::kF32;
+      LOOM_ASSIGN_OR_RETURN(PackedWeight w, PackFromF32(values.data(), rows, cols, format, 0));
+      w.source = options.floats_as_bf16 ? "F32 -> BF16 (rounded for --activations bf16)"
+                                        : "F32 -> F32 (lossless)";
       return w;
     }
     default:
@@ -725,6 +768,11 @@ void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, f
       case WeightFormat::kF16: {
         const uint16_t* block = reinterpret_cast<const uint16_t*>(BlockData(w, row));
         for (int64_t c = 0; c < cols; ++c) dst[c] = HalfToFloat(block[c * kRowBlock + r]);
+        break;
+      }
+      case WeightFormat::kBf16: {
+        const uint16_t* block = reinterpret_cast<const uint16_t*>(BlockData(w, row));
+        for (int64_t c = 0; c < cols; ++c) dst[c] = Bf16ToFloat(block[Bf16Index(r, c)]);
         break;
       }
       case WeightFormat::kInt8:

@@ -13,7 +13,11 @@ namespace loom::kernels::cpu {
 /// Formats a weight matrix takes in the CPU backend.
 enum class WeightFormat {
   kF32,   // float [rows, cols]
-  kF16,   // IEEE half [rows, cols] (BF16 files convert to this or to F32 losslessly)
+  kF16,   // IEEE half [rows, cols]
+  kBf16,  // bfloat16 [rows, cols]: a BF16 checkpoint's values as they are, or F16/F32 ones
+          //   rounded for --activations bf16 (PackOptions::floats_as_bf16). Laid out as
+          //   AMX-BF16's B tiles, which the AMX kernel loads as they are; the AVX2/AVX-512
+          //   kernels widen a column with one shift or mask.
   kInt8,  // int8 q, value = q * scale; one scale per `group_size` columns of a row
           //   (group_size == cols: per output channel; 32: GGUF Q8_0 exactly)
   kInt4,  // 4-bit q in [0, 15], value = q * scale + min; one (scale, min) per group
@@ -31,7 +35,7 @@ enum class WeightFormat {
 // value = q * scale + min, q in [0, 31]); the value is one rounding of q * scale + min,
 // which is exactly what llama.cpp and `gguf` dequantize.
 
-/// "F32", "F16", "INT8", "INT4", "INT5", "NL4".
+/// "F32", "F16", "BF16", "INT8", "INT4", "INT5", "NL4".
 const char* WeightFormatName(WeightFormat format);
 
 /// A weight matrix W [rows = out_features, cols = in_features] in a backend format.
@@ -80,10 +84,17 @@ struct PackOptions {
   // INT8 by the kernels per row block as they read it; MXFP4 blocks whose scales F16 cannot
   // hold are INT8 with F32 scales either way).
   bool table_4bit_as_int8 = false;
+  // F16 and F32 matrices as BF16, rounded to nearest even: what --activations bf16 multiplies
+  // them as anyway (the AMX kernel rounds every weight it reads to BF16), so the results are
+  // the same bits, and the AMX kernel loads its tiles straight from the weight instead of
+  // converting every weight on every call. The CPU forward pass sets it for --activations
+  // bf16, for every matrix but the embedding table (whose lookups stay unrounded).
+  bool floats_as_bf16 = false;
 };
 
 /// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
-/// backend format, every one without loss: F32 -> F32, F16 -> F16, BF16 -> F32,
+/// backend format, every one without loss: F32 -> F32, F16 -> F16, BF16 -> BF16 (F32 and F16
+/// rounded to BF16 where `options` say),
 /// Q4_0/Q4_1 -> INT4 g32, Q5_0/Q5_1 -> INT5 g32 (Q5_0 as INT8 g32 if `options` say),
 /// Q8_0 -> INT8 g32, IQ4_NL and MXFP4 -> NL4 g32 (INT8 g32 if `options` say, or for MXFP4
 /// scales outside F16's powers of two), and the K-quants into F32-scaled INT4/INT8
@@ -94,7 +105,8 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
                                         int64_t cols, const PackOptions& options = {});
 
 /// Packs F32 values [rows, cols] into `format` (quantizing with round-to-nearest for
-/// kInt8 / kInt4 / kInt5 with the given group size; kNl4 is InvalidArgument). Used by tests
+/// kInt8 / kInt4 / kInt5 with the given group size, rounding to nearest even for kF16 /
+/// kBf16; kNl4 is InvalidArgument). Used by tests
 /// and re-quantization.
 absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int64_t cols,
                                          WeightFormat format, int64_t group_size);

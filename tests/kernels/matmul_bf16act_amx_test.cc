@@ -46,6 +46,7 @@ std::vector<Case> AllFormats(int64_t n, int64_t k, uint32_t seed) {
   };
   add("F32", PackFromF32(values.data(), n, k, WeightFormat::kF32, 0));
   add("F16", PackFromF32(values.data(), n, k, WeightFormat::kF16, 0));
+  add("BF16", PackFromF32(values.data(), n, k, WeightFormat::kBf16, 0));
   add("INT8 g32", PackFromF32(values.data(), n, k, WeightFormat::kInt8, 32));
   add("INT8 per channel", PackFromF32(values.data(), n, k, WeightFormat::kInt8, k));
   add("INT4 g32", PackFromF32(values.data(), n, k, WeightFormat::kInt4, 32));
@@ -129,7 +130,7 @@ TEST(MatmulBf16Test, FloatWeightsOfAnyWidthAndThreadCount) {
   // k = 77 and 33: not a multiple of 32 (padded with zeros), odd (a last pair (w, 0)).
   for (int64_t k : {77, 33, 576}) {
     const std::vector<float> values = Random(200 * k, 3, 0.05f);
-    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kF16}) {
+    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kBf16}) {
       absl::StatusOr<PackedWeight> packed = PackFromF32(values.data(), 200, k, format, 0);
       ASSERT_TRUE(packed.ok()) << packed.status();
       const Case c{WeightFormatName(format), *std::move(packed)};
@@ -160,6 +161,39 @@ TEST(MatmulBf16Test, EachTokensResultIsIndependentOfTheBatch) {
         for (int64_t i = 0; i < subset * kN; ++i) {
           ASSERT_EQ(alone[i], batched[t * kN + i])
               << c.name << " token " << t << " output " << i << " batch of " << subset;
+        }
+      }
+    }
+  }
+}
+
+// An F16/F32 weight packed as BF16 (PackOptions::floats_as_bf16, which the CPU forward pass
+// sets for --activations bf16) gives the same bits as the weight converted on the fly: the
+// conversion is the same rounding, and the tiles the same sums.
+TEST(MatmulBf16Test, WeightsHeldAsBf16GiveTheBitsOfConvertingThemPerCall) {
+  if (!Bf16Runs()) GTEST_SKIP() << ActivationPrecisionStatus(kBf16).message();
+  for (int64_t k : {77, 576}) {
+    constexpr int64_t kN = 72;
+    const std::vector<float> values = Random(kN * k, 9, 0.05f);
+    std::vector<uint16_t> halves(values.size());
+    for (size_t i = 0; i < values.size(); ++i) halves[i] = FloatToHalf(values[i]);
+    const PackOptions as_bf16{.floats_as_bf16 = true};
+    for (const auto& [type, data] : std::vector<std::pair<common::GgmlType, const void*>>{
+             {common::GgmlType::kF32, values.data()}, {common::GgmlType::kF16, halves.data()}}) {
+      absl::StatusOr<PackedWeight> plain = PackWeight(type, data, kN, k);
+      absl::StatusOr<PackedWeight> held = PackWeight(type, data, kN, k, as_bf16);
+      ASSERT_TRUE(plain.ok() && held.ok());
+      ASSERT_EQ(held->format, WeightFormat::kBf16);
+      ASSERT_NE(plain->format, WeightFormat::kBf16);
+      for (int64_t m : {1, 5, 40}) {
+        const std::vector<float> x = Random(m * k, 20 + m);
+        std::vector<float> converted(m * kN), native(m * kN);
+        ThreadPool pool(2);
+        ASSERT_TRUE(Matmul({x.data(), &*plain, nullptr, converted.data(), m, kBf16}, pool).ok());
+        ASSERT_TRUE(Matmul({x.data(), &*held, nullptr, native.data(), m, kBf16}, pool).ok());
+        for (int64_t i = 0; i < m * kN; ++i) {
+          ASSERT_EQ(native[i], converted[i])
+              << plain->source << " k " << k << " m " << m << " output " << i;
         }
       }
     }

@@ -162,7 +162,8 @@ void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, Precision precis
     ASSERT_TRUE(Matmul(params, pool).ok());
   }
 
-  const bool integer = format != WeightFormat::kF32 && format != WeightFormat::kF16;
+  const bool integer =
+      format != WeightFormat::kF32 && format != WeightFormat::kF16 && format != WeightFormat::kBf16;
   // The activations the kernels actually multiply, and their quantization step (zero,
   // and x_hat == x, for float activations).
   std::vector<float> x_hat = x;
@@ -216,9 +217,10 @@ class MatmulFormatTest : public testing::TestWithParam<std::tuple<WeightFormat, 
 // F32/F16 weights (float activations) and the int8-activation path of INT8/INT4.
 TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
   const auto [format, group] = GetParam();
-  const Precision precision = format != WeightFormat::kF32 && format != WeightFormat::kF16
-                                  ? Precision::kInt8
-                                  : Precision::kF32;
+  const Precision precision =
+      format != WeightFormat::kF32 && format != WeightFormat::kF16 && format != WeightFormat::kBf16
+          ? Precision::kInt8
+          : Precision::kF32;
   const std::vector<Shape> shapes = {{37, 96}, {576, 576}, {1536, 576}, {576, 1536}, {3, 2048}};
   uint32_t seed = 100;
   for (const Shape& shape : shapes) {
@@ -249,6 +251,7 @@ std::string FormatAndGroupName(
 INSTANTIATE_TEST_SUITE_P(Formats, MatmulFormatTest,
                          testing::Values(std::make_tuple(WeightFormat::kF32, int64_t{0}),
                                          std::make_tuple(WeightFormat::kF16, int64_t{0}),
+                                         std::make_tuple(WeightFormat::kBf16, int64_t{0}),
                                          std::make_tuple(WeightFormat::kInt8, int64_t{32}),
                                          std::make_tuple(WeightFormat::kInt8,
                                                          int64_t{-1}),  // per output channel
@@ -551,8 +554,9 @@ TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
   for (MatmulIsaChoice isa : AvailableIsas()) {
     IsaGuard isa_guard(isa);
     for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kInt5,
-                                WeightFormat::kNl4, WeightFormat::kF16}) {
-      const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
+                                WeightFormat::kNl4, WeightFormat::kF16, WeightFormat::kBf16}) {
+      const bool integer = format != WeightFormat::kF16 && format != WeightFormat::kBf16;
+      const TestWeight weight = MakeTestWeight(format, integer ? 32 : 0, {200, 576}, 21);
       // 21: an AMX tile of 16 tokens and 5 on AVX-512 where the CPU has AMX; the subsets of
       // 17 start at other tokens, so a token changes tile position and kernel.
       const int64_t m = 21;
@@ -560,7 +564,7 @@ TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
       std::vector<float> batched(m * 200);
       ThreadPool pool2(2), pool3(3);
       for (Precision precision : {Precision::kF32, Precision::kInt8}) {
-        if (precision == Precision::kInt8 && format == WeightFormat::kF16) continue;
+        if (precision == Precision::kInt8 && !integer) continue;
         ASSERT_TRUE(
             Matmul({x.data(), &weight.packed, nullptr, batched.data(), m, precision}, pool2)
                 .ok());
@@ -587,10 +591,35 @@ TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
   }
 }
 
+// BF16 weights run the float kernels' sums in their order: the same bits as an F32 weight
+// holding the same values, on every ISA, for GEMV and GEMM tiles, odd and even widths.
+TEST(MatmulTest, Bf16WeightsGiveTheBitsOfF32WeightsWithTheSameValues) {
+  for (int64_t k : {77, 96, 576}) {
+    std::vector<float> values = RandomWeights(40, k, 31);
+    for (float& v : values) v = RoundToBf16(v);
+    absl::StatusOr<PackedWeight> f32 = PackFromF32(values.data(), 40, k, WeightFormat::kF32, 0);
+    absl::StatusOr<PackedWeight> bf16 = PackFromF32(values.data(), 40, k, WeightFormat::kBf16, 0);
+    ASSERT_TRUE(f32.ok() && bf16.ok());
+    for (MatmulIsaChoice isa : AvailableIsas()) {
+      IsaGuard guard(isa);
+      ThreadPool pool(2);
+      for (int64_t m : {1, 3, 9}) {
+        const std::vector<float> x = RandomActivations(m, k, 32 + m);
+        std::vector<float> want(m * 40), got(m * 40);
+        ASSERT_TRUE(Matmul({x.data(), &*f32, nullptr, want.data(), m}, pool).ok());
+        ASSERT_TRUE(Matmul({x.data(), &*bf16, nullptr, got.data(), m}, pool).ok());
+        for (int64_t i = 0; i < m * 40; ++i) {
+          ASSERT_EQ(got[i], want[i]) << IsaName(isa) << " k " << k << " m " << m << " output " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, LmHeadShapeMatchesReferenceOnEveryIsa) {
   uint32_t seed = 7;
-  for (WeightFormat format :
-       {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4}) {
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kBf16,
+                              WeightFormat::kInt8, WeightFormat::kInt4}) {
     const bool integer = format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
     const TestWeight weight = MakeTestWeight(format, integer ? 32 : 0, {49152, 576}, ++seed);
     for (MatmulIsaChoice isa : AvailableIsas()) {

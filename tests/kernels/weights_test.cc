@@ -265,6 +265,70 @@ TEST(WeightsTest, F16AndF32PackWithoutLoss) {
   EXPECT_EQ(Unpack(*f16), rounded);
 }
 
+// A BF16 checkpoint's bits stay as they are (subnormals and NaN payloads too), laid out as
+// AMX-BF16 B tiles with the columns past cols, up to a multiple of 32, zero.
+TEST(WeightsTest, Bf16PacksItsBitsWithoutLossAsAmxTiles) {
+  const int64_t rows = 19, cols = 41;
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int> bits(0, 0xffff);
+  std::vector<uint16_t> raw(rows * cols);
+  for (uint16_t& b : raw) b = static_cast<uint16_t>(bits(rng));
+  raw[0] = 0x0001;  // the smallest subnormal
+  raw[1] = 0x7fc1;  // a NaN with a payload
+  absl::StatusOr<PackedWeight> packed = PackWeight(GgmlType::kBF16, raw.data(), rows, cols);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ(packed->format, WeightFormat::kBf16);
+  EXPECT_EQ(packed->source, "BF16 -> BF16 (lossless)");
+  EXPECT_EQ(packed->data.size(), 2u * 16 * 64 * 2);  // two row blocks of 64 columns
+  EXPECT_EQ(packed->bytes(), static_cast<int64_t>(packed->data.size()));
+  const std::vector<float> values = Unpack(*packed);
+  const uint16_t* data = reinterpret_cast<const uint16_t*>(packed->data.data());
+  for (int64_t row = 0; row < 32; ++row) {
+    const uint16_t* block = data + (row / 16) * 64 * 16;
+    for (int64_t c = 0; c < 64; ++c) {
+      const uint16_t stored = block[(c / 2) * 32 + (row % 16) * 2 + c % 2];
+      if (row >= rows || c >= cols) {
+        ASSERT_EQ(stored, 0) << "padding (" << row << ", " << c << ")";
+        continue;
+      }
+      ASSERT_EQ(stored, raw[row * cols + c]) << "(" << row << ", " << c << ")";
+      uint32_t unpacked;
+      std::memcpy(&unpacked, &values[row * cols + c], 4);
+      ASSERT_EQ(unpacked, static_cast<uint32_t>(raw[row * cols + c]) << 16);
+    }
+  }
+}
+
+// F16 and F32 matrices packed for --activations bf16 hold each value rounded to nearest even
+// (what the kernel would round them to); without the option they stay as they are.
+TEST(WeightsTest, FloatsAsBf16RoundsF16AndF32ToNearestEven) {
+  const int64_t rows = 21, cols = 40;
+  const std::vector<float> values = RandomValues(rows * cols, 6);
+  std::vector<uint16_t> halves(values.size());
+  for (size_t i = 0; i < values.size(); ++i) halves[i] = FloatToHalf(values[i]);
+  const PackOptions as_bf16{.floats_as_bf16 = true};
+  absl::StatusOr<PackedWeight> f32 = PackWeight(GgmlType::kF32, values.data(), rows, cols, as_bf16);
+  absl::StatusOr<PackedWeight> f16 = PackWeight(GgmlType::kF16, halves.data(), rows, cols, as_bf16);
+  ASSERT_TRUE(f32.ok() && f16.ok());
+  EXPECT_EQ(f32->format, WeightFormat::kBf16);
+  EXPECT_EQ(f16->format, WeightFormat::kBf16);
+  const std::vector<float> from_f32 = Unpack(*f32), from_f16 = Unpack(*f16);
+  int changed = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(from_f32[i], RoundToBf16(values[i])) << i;
+    ASSERT_EQ(from_f16[i], RoundToBf16(internal::HalfToFloat(halves[i]))) << i;
+    changed += from_f32[i] != values[i];
+  }
+  EXPECT_GT(changed, static_cast<int>(values.size()) / 2);  // it really rounds
+  EXPECT_EQ(PackWeight(GgmlType::kF16, halves.data(), rows, cols)->format, WeightFormat::kF16);
+  EXPECT_EQ(PackWeight(GgmlType::kF32, values.data(), rows, cols)->format, WeightFormat::kF32);
+  // Quantized types are what they are.
+  EXPECT_NE(PackWeight(GgmlType::kQ8_0, RandomGgufBlocks(GgmlType::kQ8_0, rows * 64, 3).data(),
+                       rows, 64, as_bf16)
+                ->format,
+            WeightFormat::kBf16);
+}
+
 TEST(WeightsTest, HalfToFloatInvertsFloatToHalfForEveryFiniteHalf) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
     if ((h & 0x7c00) == 0x7c00) continue;  // Inf / NaN
@@ -306,9 +370,12 @@ TEST(WeightsTest, RoundToNearestQuantizationStaysWithinHalfAStep) {
 }
 
 TEST(WeightsTest, ConcatRowsStacksPartsForAlignedAndUnalignedRowCounts) {
-  for (auto [format, group] : std::vector<std::pair<WeightFormat, int64_t>>{
-           {WeightFormat::kF32, 0}, {WeightFormat::kF16, 0}, {WeightFormat::kInt8, 32},
-           {WeightFormat::kInt4, 32}}) {
+  for (auto [format, group] :
+       std::vector<std::pair<WeightFormat, int64_t>>{{WeightFormat::kF32, 0},
+                                                     {WeightFormat::kF16, 0},
+                                                     {WeightFormat::kBf16, 0},
+                                                     {WeightFormat::kInt8, 32},
+                                                     {WeightFormat::kInt4, 32}}) {
     const int64_t cols = 64;
     std::vector<PackedWeight> parts;
     std::vector<float> expected;
@@ -336,6 +403,9 @@ TEST(WeightsTest, ConcatRowsRejectsFloatBesideOtherFormats) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(ConcatRows({&*a, &*b}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ConcatRows({&*b, &*c}).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<PackedWeight> d = PackFromF32(values.data(), 16, 64, WeightFormat::kBf16, 0);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(ConcatRows({&*b, &*d}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // NL4 weights (IQ4_NL, MXFP4) keep their codes and table where they can: fused with parts of

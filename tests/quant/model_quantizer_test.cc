@@ -14,6 +14,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/quantize.h"
 #include "model/model_weights.h"
 #include "model/quantized_gguf.h"
@@ -157,6 +158,32 @@ TEST_F(ModelQuantizerTest, F32CopyHoldsTheSourceValuesExactly) {
   EXPECT_EQ(f32->GetInt("general.file_type").value(), 0);
   EXPECT_EQ(f32->DequantizeTensor(*down).value(),
             gguf_->DequantizeTensor(*gguf_->FindTensor("blk.3.ffn_down.weight")).value());
+}
+
+// --format bf16: every matrix rounded to nearest even, loaded as BF16 without another change.
+TEST_F(ModelQuantizerTest, Bf16CopyHoldsTheSourceValuesRoundedAndLoadsAsBf16) {
+  QuantizerOptions options;
+  options.format = QuantizeFormat::kBf16;
+  std::unique_ptr<common::GgufFile> bf16 = Quantize(options);
+  ASSERT_NE(bf16, nullptr);
+  EXPECT_EQ(bf16->GetInt("general.file_type").value(), 32);
+  EXPECT_EQ(bf16->FindTensor("token_embd.weight")->type, common::GgmlType::kBF16);
+  const common::GgufTensorInfo* down = bf16->FindTensor("blk.3.ffn_down.weight");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->type, common::GgmlType::kBF16);
+  const std::vector<float> source =
+      gguf_->DequantizeTensor(*gguf_->FindTensor("blk.3.ffn_down.weight")).value();
+  const std::vector<float> got = bf16->DequantizeTensor(*down).value();
+  ASSERT_EQ(got.size(), source.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], kernels::cpu::RoundToBf16(source[i])) << i;
+  }
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(*bf16);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ((*weights)->layers[3].down.format, WeightFormat::kBf16);
+  EXPECT_EQ((*weights)->token_embedding.format, WeightFormat::kBf16);
+  EXPECT_EQ(Unpack((*weights)->layers[3].down, 0, 576), got);
+  EXPECT_THAT((*weights)->load_log, HasSubstr("BF16 -> BF16 (lossless)"));
 }
 
 TEST_F(ModelQuantizerTest, Int8CopiesMetadataAndLoadsWithoutLoss) {
