@@ -182,7 +182,7 @@ class Loader {
       // becomes, not as itself), then its columns cut (groups split with F32 scales, the
       // same values).
       absl::StatusOr<PackedWeight> slice =
-          kernels::cpu::PackWeight(tensor->type, tensor_data.second, rows, cols, OptionsFor(name));
+          kernels::cpu::PackWeight(tensor->type, tensor_data.second, rows, cols, pack_);
       if (slice.ok()) slice = kernels::cpu::SliceColumns(*slice, range.first, range.second);
       if (!slice.ok()) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -263,8 +263,7 @@ class Loader {
 
   absl::StatusOr<PackedWeight> Pack(const std::string& name, common::GgmlType type,
                                     const uint8_t* data, int64_t rows, int64_t cols) {
-    absl::StatusOr<PackedWeight> packed =
-        kernels::cpu::PackWeight(type, data, rows, cols, OptionsFor(name));
+    absl::StatusOr<PackedWeight> packed = kernels::cpu::PackWeight(type, data, rows, cols, pack_);
     if (!packed.ok()) {
       return absl::Status(packed.status().code(),
                           absl::StrCat("tensor ", name, ": ", packed.status().message()));
@@ -283,14 +282,6 @@ class Loader {
     }
     conversions_[packed->source]++;
     return packed;
-  }
-
-  // The embedding table's lookups take its values as they are: no rounding of F16/F32 ones to
-  // BF16 there (a tied LM head then converts its rows as the AMX kernel reads them).
-  kernels::cpu::PackOptions OptionsFor(const std::string& name) const {
-    kernels::cpu::PackOptions options = pack_;
-    if (name == "token_embd.weight") options.floats_as_bf16 = false;
-    return options;
   }
 
   std::string Log() const {

@@ -85,10 +85,11 @@ struct PackOptions {
   // hold are INT8 with F32 scales either way).
   bool table_4bit_as_int8 = false;
   // F16 and F32 matrices as BF16, rounded to nearest even: what --activations bf16 multiplies
-  // them as anyway (the AMX kernel rounds every weight it reads to BF16), so the results are
-  // the same bits, and the AMX kernel loads its tiles straight from the weight instead of
+  // them as anyway (the AMX kernel rounds every weight it reads to BF16), so a matmul gives the
+  // same bits, and the AMX kernel loads its tiles straight from the weight instead of
   // converting every weight on every call. The CPU forward pass sets it for --activations
-  // bf16, for every matrix but the embedding table (whose lookups stay unrounded).
+  // bf16: an F16/F32 checkpoint is then held as a BF16 one, the embedding table included (its
+  // lookups read the rounded values, as a BF16 model's do; it is the LM head of tied models).
   bool floats_as_bf16 = false;
 };
 

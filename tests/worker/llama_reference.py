@@ -225,7 +225,7 @@ class Numerics:
     int8_activations: bool = False  # quantize matmul inputs to int8 for integer-typed weights
     int8_block: int = 32  # values sharing one int8 scale (ggml's q8_0: 32); 0 = one scale per row
     float32: bool = False  # run every operation in float32 instead of float64
-    bf16: bool = False  # round every matmul's input and (dequantized) weight to bfloat16
+    bf16: bool = False  # round every matmul's input and (dequantized) weight, and an F16/F32 embedding table, to bfloat16
 
 
 EXACT = Numerics()
@@ -653,6 +653,18 @@ def _bf16_weight(layer: Linear) -> np.ndarray:
     return _BF16_WEIGHTS[key][1]
 
 
+def _embedding_table(model: Model, numerics: Numerics) -> np.ndarray:
+    """[n_vocab, n_embd]: under Numerics.bf16 an F16/F32 table is held rounded to bfloat16, as
+    the CPU backend holds every F16/F32 matrix for --activations bf16 (quantized ones keep their
+    values; the lookup is not a matmul, so they are not rounded)."""
+    if numerics.bf16 and model.token_embd_type in (GGMLQuantizationType.F16, GGMLQuantizationType.F32):
+        key = id(model.token_embd)
+        if key not in _BF16_WEIGHTS:
+            _BF16_WEIGHTS[key] = (model.token_embd, round_bf16(model.token_embd))
+        return _BF16_WEIGHTS[key][1]
+    return model.token_embd
+
+
 def _linear(x: np.ndarray, layer: Linear, numerics: Numerics) -> np.ndarray:
     if numerics.bf16:
         y = round_bf16(x).astype(x.dtype) @ _bf16_weight(layer).T.astype(x.dtype)
@@ -814,7 +826,7 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
     mask = np.arange(start + n)[None, :] > positions[:, None]
 
     dtype = np.float32 if numerics.float32 else np.float64
-    x = model.token_embd[ids].astype(dtype) * dtype(model.embedding_scale)  # [n, n_embd]
+    x = _embedding_table(model, numerics)[ids].astype(dtype) * dtype(model.embedding_scale)
     for li, layer in enumerate(model.layers):
         local = bool(model.sliding_window and model.sliding_layers[li])
         h = x if layer.attn_norm is None else _rms_norm(x, layer.attn_norm, model.rms_eps)
