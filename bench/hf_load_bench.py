@@ -9,7 +9,7 @@ and exits; wall time and the child's peak RSS (ru_maxrss) are the median / max o
 Each figure is printed next to the GGUF's, measured in the same run, as a ratio, and next to the
 bytes the CPU forward pass must hold after packing (a lower bound for the RSS): the HF files are
 mmapped, never read into a second buffer, but the CPU backend packs F16 as F16 (a copy in its
-own layout) and BF16 as F32 (kernels/cpu/weights.h), so the RSS holds the packed weights plus the
+own layout) and BF16 as BF16 (kernels/cpu/weights.h), so the RSS holds the packed weights plus the
 pages of the mapping touched while packing.
 
   python3 bench/hf_load_bench.py --build-dir build --out bench/results/hf_load.json
@@ -86,9 +86,9 @@ def main() -> int:
                 "weight_file_bytes": directory_bytes(path),
             }
     gguf = results["forms"]["gguf"]
-    # Packed CPU weights: F16 stays 2 bytes per value, BF16 becomes F32 (4 bytes).
+    # Packed CPU weights: F16 and BF16 stay 2 bytes per value.
     values = results["forms"]["hf_float16"]["weight_file_bytes"] / 2
-    packed = {"gguf": gguf["weight_file_bytes"], "hf_float16": 2 * values, "hf_bfloat16": 4 * values}
+    packed = {"gguf": gguf["weight_file_bytes"], "hf_float16": 2 * values, "hf_bfloat16": 2 * values}
     print(f"{'form':<14} {'load s':>8} {'vs gguf':>8} {'peak RSS MiB':>13} {'vs gguf':>8} "
           f"{'packed MiB':>11} {'RSS/packed':>11}")
     for name, form in results["forms"].items():
