@@ -35,18 +35,27 @@ inline void StoreOutput(__m256 lo, __m256 hi, const MatmulArgs& a, int64_t block
   }
 }
 
-// Rows [8 half, 8 half + 8) of column `col` of an F32 / F16 / BF16 row block.
+// Rows [8 half, 8 half + 8) of columns c and c + 1 (c even) of a BF16 row block, one load:
+// the dwords hold c's BF16 in their low halves (shifted up) and c + 1's in their high ones
+// (masked).
+inline void LoadBf16Pair(const uint8_t* base, int64_t c, int half, __m256& even, __m256& odd) {
+  const __m256i pair =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Bf16Index(half * 8, c) * 2));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32(-65536)));
+}
+
+// Rows [8 half, 8 half + 8) of column `col` of an F32 / F16 / BF16 row block (BF16: even
+// columns only, FloatTile's tail).
 template <WeightFormat kFormat>
 inline __m256 LoadWeights(const uint8_t* base, int64_t col, int half) {
   if constexpr (kFormat == WeightFormat::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(
         reinterpret_cast<const __m128i*>(base + (col * kRowBlock + half * 8) * 2)));
   } else if constexpr (kFormat == WeightFormat::kBf16) {
-    // Column pair col / 2's dwords: col's BF16 in the low halves, col + 1's in the high.
-    const __m256i pair = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(base + Bf16Index(half * 8, col - col % 2) * 2));
-    return _mm256_castsi256_ps(col % 2 == 0 ? _mm256_slli_epi32(pair, 16)
-                                            : _mm256_and_si256(pair, _mm256_set1_epi32(-65536)));
+    __m256 even, odd;
+    LoadBf16Pair(base, col, half, even, odd);
+    return even;
   } else {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(base) + col * kRowBlock + half * 8);
   }
@@ -74,18 +83,11 @@ void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
     }
   };
   int64_t c = 0;
-  if constexpr (kFormat == WeightFormat::kBf16) {
-    // A column pair per load: the even column's BF16 shifted up, the odd one's masked.
-    const __m256i high = _mm256_set1_epi32(-65536);
+  if constexpr (kFormat == WeightFormat::kBf16) {  // a column pair per load
     for (; c + 2 <= k; c += 2) {
       __m256 even[Nb][2], odd[Nb][2];
       for (int j = 0; j < Nb; ++j) {
-        for (int h = 0; h < 2; ++h) {
-          const __m256i pair = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(base[j] + Bf16Index(h * 8, c) * 2));
-          even[j][h] = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
-          odd[j][h] = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
-        }
+        for (int h = 0; h < 2; ++h) LoadBf16Pair(base[j], c, h, even[j][h], odd[j][h]);
       }
       step(even, c);
       step(odd, c + 1);

@@ -26,17 +26,24 @@ constexpr int kIntNb = 2;
 // Zen 4, 1536x576 to 2048x2048, m = 8..512).
 constexpr int kGemmIntMr = 4;
 
-// Column `col` of an F32 / F16 / BF16 row block.
+// Columns c and c + 1 (c even) of a BF16 row block, one load: the line's dwords hold c's BF16
+// in their low halves (shifted up) and c + 1's in their high ones (masked).
+inline void LoadBf16Pair(const uint8_t* base, int64_t c, __m512& even, __m512& odd) {
+  const __m512i pair = _mm512_loadu_si512(base + Bf16Index(0, c) * 2);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(-65536)));
+}
+
+// Column `col` of an F32 / F16 / BF16 row block (BF16: even columns only, FloatTile's tail).
 template <WeightFormat kFormat>
 inline __m512 LoadWeights(const uint8_t* base, int64_t col) {
   if constexpr (kFormat == WeightFormat::kF16) {
     return _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + col * kRowBlock * 2)));
   } else if constexpr (kFormat == WeightFormat::kBf16) {
-    // Column pair col / 2's dwords: col's BF16 in the low halves, col + 1's in the high.
-    const __m512i pair = _mm512_loadu_si512(base + Bf16Index(0, col - col % 2) * 2);
-    return _mm512_castsi512_ps(col % 2 == 0 ? _mm512_slli_epi32(pair, 16)
-                                            : _mm512_and_si512(pair, _mm512_set1_epi32(-65536)));
+    __m512 even, odd;
+    LoadBf16Pair(base, col, even, odd);
+    return even;
   } else {
     return _mm512_loadu_ps(reinterpret_cast<const float*>(base + col * kRowBlock * 4));
   }
@@ -62,16 +69,10 @@ void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
     }
   };
   int64_t c = 0;
-  if constexpr (kFormat == WeightFormat::kBf16) {
-    // A column pair per load: the even column's BF16 shifted up, the odd one's masked.
-    const __m512i high = _mm512_set1_epi32(-65536);
+  if constexpr (kFormat == WeightFormat::kBf16) {  // a column pair per load
     for (; c + 2 <= k; c += 2) {
       __m512 even[Nb], odd[Nb];
-      for (int j = 0; j < Nb; ++j) {
-        const __m512i pair = _mm512_loadu_si512(base[j] + Bf16Index(0, c) * 2);
-        even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
-        odd[j] = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
-      }
+      for (int j = 0; j < Nb; ++j) LoadBf16Pair(base[j], c, even[j], odd[j]);
       step(even, c);
       step(odd, c + 1);
     }
