@@ -74,13 +74,16 @@ def paired_with_f32(nll: list, base: list) -> dict:
             "perplexity_ratio_95": pair["ratio_ci95"]}
 
 
-def engine_speed(model: str, mode: str, args) -> dict:
-    result = cpu_vs_llamacpp.engine_bench_result(model, args.threads, args.tokens, mode)
+def engine_speed(model: str, mode: str, args, env: dict | None = None) -> dict:
+    """One engine_bench run's figures (bf16_weights_bench.py uses it too, with LOOM_CPU_ISA)."""
+    result = cpu_vs_llamacpp.engine_bench_result(model, args.threads, args.tokens, mode, env=env)
     batched = {str(b["sequences"]): b["tokens_per_s"] for b in result["batched_decode"]}
     return {"pp512": result["prefill_512"]["tokens_per_s"],
             "prefill_vs_fma_peak": result["prefill_512"]["vs_fma_peak"],
             "prefill_vs_amx_bf16_peak": result["prefill_512"].get("vs_amx_bf16_peak", 0.0),
             "tg": result["decode_single"]["tokens_per_s"],
+            "decode_bytes_per_token": result["decode_single"]["bytes_per_token"],
+            "decode_vs_read": result["decode_single"]["vs_read"],
             "batched_16": batched["16"], "batched_64": batched["64"],
             "limits": result["limits"], "matmul_isa": result["matmul_isa"]}
 

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 
+import activations_bench
 import cpu_vs_llamacpp
 from provenance import provenance
 
@@ -41,20 +42,9 @@ def quantize(source: pathlib.Path, out: pathlib.Path, fmt: str) -> pathlib.Path:
     return out
 
 
-def isa_supported(isa: str) -> bool:
-    flags = pathlib.Path("/proc/cpuinfo").read_text().split()
-    return {"avx2": "avx2" in flags, "avx512": "avx512_vnni" in flags}.get(isa, False)
-
-
 def speed(model: pathlib.Path, isa: str, args) -> dict:
-    result = cpu_vs_llamacpp.engine_bench_result(str(model), args.threads, args.tokens, "f32",
-                                                 env=dict(os.environ, LOOM_CPU_ISA=isa))
-    batched = {str(b["sequences"]): b["tokens_per_s"] for b in result["batched_decode"]}
-    single = result["decode_single"]
-    return {"pp512": result["prefill_512"]["tokens_per_s"], "tg": single["tokens_per_s"],
-            "batched_16": batched["16"], "batched_64": batched["64"],
-            "decode_bytes_per_token": single["bytes_per_token"], "decode_vs_read": single["vs_read"],
-            "limits": result["limits"], "matmul_isa": result["matmul_isa"]}
+    return activations_bench.engine_speed(str(model), "f32", args,
+                                          env=dict(os.environ, LOOM_CPU_ISA=isa))
 
 
 def main():
@@ -73,7 +63,7 @@ def main():
 
     per_isa = {}
     for isa in args.isa.split(","):
-        if not isa_supported(isa):
+        if isa == "avx512" and not cpu_vs_llamacpp.has_avx512():
             print(f"{isa}: skipped (this CPU lacks it)")
             continue
         runs = {held: [] for held in files}

@@ -646,10 +646,11 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 _BF16_WEIGHTS: dict = {}
 
 
-def _bf16_weight(layer: Linear) -> np.ndarray:
-    key = id(layer.weight)
+def _rounded_bf16(weights: np.ndarray) -> np.ndarray:
+    """round_bf16(weights), computed once per array (kept beside it, so its id stays taken)."""
+    key = id(weights)
     if key not in _BF16_WEIGHTS:
-        _BF16_WEIGHTS[key] = (layer.weight, round_bf16(layer.weight))
+        _BF16_WEIGHTS[key] = (weights, round_bf16(weights))
     return _BF16_WEIGHTS[key][1]
 
 
@@ -658,16 +659,13 @@ def _embedding_table(model: Model, numerics: Numerics) -> np.ndarray:
     the CPU backend holds every F16/F32 matrix for --activations bf16 (quantized ones keep their
     values; the lookup is not a matmul, so they are not rounded)."""
     if numerics.bf16 and model.token_embd_type in (GGMLQuantizationType.F16, GGMLQuantizationType.F32):
-        key = id(model.token_embd)
-        if key not in _BF16_WEIGHTS:
-            _BF16_WEIGHTS[key] = (model.token_embd, round_bf16(model.token_embd))
-        return _BF16_WEIGHTS[key][1]
+        return _rounded_bf16(model.token_embd)
     return model.token_embd
 
 
 def _linear(x: np.ndarray, layer: Linear, numerics: Numerics) -> np.ndarray:
     if numerics.bf16:
-        y = round_bf16(x).astype(x.dtype) @ _bf16_weight(layer).T.astype(x.dtype)
+        y = round_bf16(x).astype(x.dtype) @ _rounded_bf16(layer.weight).T.astype(x.dtype)
         return y if layer.bias is None else y + layer.bias
     if numerics.int8_activations and layer.ggml_type in K_QUANT_TYPES:
         x = _quantize_activations_int8(x, 256, f16_scale=False)
