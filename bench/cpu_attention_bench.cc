@@ -10,7 +10,10 @@
 // ratio to the FMA peak measured in the same run (bench/machine_limits.h), and each against
 // one-row. Decode steps (one query token per sequence: a one-row task, a one-row tile) are
 // timed per-token and tiled, with F16, int8 and fp8_e4m3 KV (each 8-bit type also as a
-// ratio to F16's time for the same step).
+// ratio to F16's time for the same step). Where the CPU has AMX-BF16, --activations bf16's
+// AMX tiles (kernels/cpu/paged_attention_amx.cc) against the float kernel the same step runs
+// by default: prefills of 512-4096 tokens and decode steps, F16 and F32 KV, beside the
+// AMX-BF16 peak measured in the same run.
 // Writes bench/results/cpu_attention.json (cpu_attention_<isa>.json when LOOM_CPU_ISA
 // forces the ISA).
 //
@@ -24,12 +27,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/paged_attention_internal.h"
 #include "kernels/cpu/thread_pool.h"
@@ -128,6 +133,81 @@ double TimeAttention(const Prefill& p, ThreadPool& pool, int repeats) {
   return Median(seconds);
 }
 
+// One prefill or decode step under a kernel choice: median seconds (its output in p.out).
+double TimeUnder(Prefill& p, ThreadPool& pool, int repeats, kernels::cpu::internal::TileMode mode,
+                 bool multi_row) {
+  kernels::cpu::internal::SetTileModeForTesting(mode);
+  kernels::cpu::internal::SetMultiRowTasksForTesting(multi_row);
+  const double seconds = TimeAttention(p, pool, repeats);
+  kernels::cpu::internal::SetTileModeForTesting(kernels::cpu::internal::TileMode::kAuto);
+  kernels::cpu::internal::SetMultiRowTasksForTesting(true);
+  return seconds;
+}
+
+// --activations bf16: the AMX-BF16 tiles against the float kernel the same step runs by
+// default (the per-token kernel on AVX-512), prefill and decode, F16 and F32 KV, each beside
+// the AMX-BF16 and FMA peaks; the JSON fields it adds ("" where the CPU has no AMX-BF16).
+std::string Bf16Section(ThreadPool& pool, int threads, bool quick, double peak) {
+  namespace cpu = kernels::cpu;
+  std::string json;
+  if (cpu::ActivationPrecisionStatus(cpu::ActivationPrecision::kBf16).ok()) {
+    const double amx_peak = MeasurePeakAmxBf16Gflops(threads);
+    std::printf(
+        "\n--activations bf16: AMX-BF16 tiles vs the default float kernel (AMX-BF16 peak "
+        "%.0f GFLOP/s)\n%-4s | %-14s | %9s | %9s %7s %6s %6s | %7s | %s\n",
+        amx_peak, "kv", "seqs x context", "float ms", "bf16 ms", "GFLOP/s", "/amx", "/fma",
+        "speedup", "max |diff| vs float");
+    absl::StrAppendFormat(&json, ",\n  \"amx_bf16_peak_gflops\": %.1f,\n  \"bf16\": [\n", amx_peak);
+    bool first = true;
+    for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+      for (const auto& [seqs, tokens, query] :
+           std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 512, 512},
+                                                              {1, 2048, 2048},
+                                                              {1, 4096, 4096},
+                                                              {1, 512, 1},
+                                                              {1, 4096, 1},
+                                                              {16, 512, 1},
+                                                              {64, 1024, 1}}) {
+        Prefill p;
+        MakeStep(seqs, tokens, query, dtype, p);
+        // A prefill's causal triangle, or a decode step's query against every position.
+        const double pairs = query == tokens ? tokens * (tokens + 1) / 2.0 : double(seqs) * tokens;
+        const double flops = 2.0 * 2.0 * kHeadDim * kHeads * pairs;
+        const int repeats = quick ? 3 : query > 1 ? (tokens >= 4096 ? 3 : 5) : 21;
+        const double float_s =
+            TimeUnder(p, pool, repeats, kernels::cpu::internal::TileMode::kAuto, true);
+        const std::vector<float> float_out = p.out;
+        p.params.activations = cpu::ActivationPrecision::kBf16;
+        const double bf16_s =
+            TimeUnder(p, pool, repeats, kernels::cpu::internal::TileMode::kAuto, true);
+        double max_diff = 0;
+        for (size_t i = 0; i < float_out.size(); ++i) {
+          max_diff = std::max(max_diff, static_cast<double>(std::fabs(float_out[i] - p.out[i])));
+        }
+        const double gflops = flops / bf16_s / 1e9;
+        const char* kv = dtype == KvDtype::kF16 ? "f16" : "f32";
+        const char* kind = query > 1 ? "prefill" : "decode";
+        std::printf(
+            "%-4s | %4lld x %-7lld | %9.3f | %9.3f %7.1f %6.3f %6.3f | %6.2fx | %.1e (%s)\n", kv,
+            static_cast<long long>(seqs), static_cast<long long>(tokens), float_s * 1e3,
+            bf16_s * 1e3, gflops, gflops / amx_peak, gflops / peak, float_s / bf16_s, max_diff,
+            kind);
+        absl::StrAppendFormat(
+            &json,
+            "%s    {\"kv_dtype\": \"%s\", \"kind\": \"%s\", \"seqs\": %d, \"context\": %d, "
+            "\"repeats\": %d, \"float_ms\": %.4f, \"bf16_ms\": %.4f, \"bf16_gflops\": %.2f, "
+            "\"bf16_ratio_amx_peak\": %.4f, \"bf16_ratio_fma_peak\": %.4f, \"speedup\": %.3f, "
+            "\"max_abs_diff_vs_float\": %.3g}",
+            first ? "" : ",\n", kv, kind, seqs, tokens, repeats, float_s * 1e3, bf16_s * 1e3,
+            gflops, gflops / amx_peak, gflops / peak, float_s / bf16_s, max_diff);
+        first = false;
+      }
+    }
+    json += "\n  ]";
+  }
+  return json;
+}
+
 }  // namespace
 }  // namespace loom::bench
 
@@ -157,14 +237,8 @@ int main(int argc, char** argv) {
       "  \"limits\": {\"fma_peak_gflops\": %.1f},\n  \"prefill\": [\n",
       UtcNow(), cpu_model, isa, threads, kHeads, kKvHeads, kHeadDim, kBlockSize, peak);
   ThreadPool pool(threads);
-  // One prefill under a kernel choice: seconds and its output.
   const auto run = [&](Prefill& p, int repeats, cpu::internal::TileMode mode, bool multi_row) {
-    cpu::internal::SetTileModeForTesting(mode);
-    cpu::internal::SetMultiRowTasksForTesting(multi_row);
-    const double seconds = TimeAttention(p, pool, repeats);
-    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kAuto);
-    cpu::internal::SetMultiRowTasksForTesting(true);
-    return seconds;
+    return TimeUnder(p, pool, repeats, mode, multi_row);
   };
   bool first = true;
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
@@ -240,7 +314,9 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
-  json += "\n  ]\n}";
+  json += "\n  ]";
+  json += Bf16Section(pool, threads, quick, peak);
+  json += "\n}";
   const char* isa_env = std::getenv("LOOM_CPU_ISA");
   WriteResult(isa_env != nullptr && *isa_env != '\0' ? std::string("cpu_attention_") + isa
                                                      : std::string("cpu_attention"),

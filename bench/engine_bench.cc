@@ -108,10 +108,10 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
   constexpr const char* kUsage =
       "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32|bf16]\n"
       "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
-      "                    [--attention per-token|tiled]\n";
-  static constexpr const char* kFlags[] = {"--model",      "--threads",      "--activations",
-                                           "--only-batch", "--only-prefill", "--attention",
-                                           "--decode-tokens"};
+      "                    [--attention per-token|tiled] [--bf16-attention amx|float]\n";
+  static constexpr const char* kFlags[] = {"--model",         "--threads",       "--activations",
+                                           "--only-batch",    "--only-prefill",  "--attention",
+                                           "--decode-tokens", "--bf16-attention"};
   // Every argument is a known flag with a value: anything else (--help included) prints
   // the usage instead of running the whole bench and overwriting its results.
   for (int i = 1; i < argc; i += 2) {
@@ -137,6 +137,15 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
       loom::kernels::cpu::internal::SetTileModeForTesting(
           mode == "tiled" ? loom::kernels::cpu::internal::TileMode::kOn
                           : loom::kernels::cpu::internal::TileMode::kOff);
+    }
+    if (flag == "--bf16-attention") {
+      // amx (the default) or float: --activations bf16's attention as before its AMX tiles.
+      const std::string mode = argv[i + 1];
+      if (mode != "amx" && mode != "float") {
+        std::fputs(kUsage, stderr);
+        return 2;
+      }
+      loom::kernels::cpu::internal::SetAmxBf16AttentionForTesting(mode == "amx");
     }
     if (flag == "--decode-tokens") flags.decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }

@@ -286,6 +286,7 @@ absl::Status CpuDevice::PagedAttention(const KvCache& cache, int64_t layer, cons
   attention.window = spec.window;
   attention.softcap = spec.softcap;
   attention.sinks = spec.sinks.data != nullptr ? spec.sinks.as<const float>() : nullptr;
+  attention.activations = activations_;
   return cpu::PagedAttention(attention, *pool_);
 }
 

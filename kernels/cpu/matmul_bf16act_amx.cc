@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "kernels/cpu/amx_tile_config.h"
+#include "kernels/cpu/bf16_pairs_avx512.h"
 #include "kernels/cpu/matmul_decoders_avx512.h"
 #include "kernels/cpu/matmul_internal.h"
 
@@ -45,17 +46,6 @@ constexpr int64_t kTileK = 32;       // BF16 columns per product (64 bytes of an
 constexpr int64_t kTileTokens = 16;  // A rows
 constexpr int kPanelBlocks = 2;      // row blocks per panel (B tiles per product step)
 constexpr int kTokenTiles = 2;       // A tiles per product step
-
-// One B-tile row from column pair (even, odd) of 16 weight rows: the BF16 of (even[r], odd[r])
-// for r = 0..15, interleaved.
-inline __m512i PairUp(__m512 even, __m512 odd) {
-  const __m512i interleave =
-      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  // cvtne2ps_pbh(a, b): elements 0-15 from b, 16-31 from a.
-  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-  return _mm512_permutexvar_epi16(interleave, both);
-}
 
 // Columns [c0, c1) (even; multiples of 32 for the integer formats) of row block `block` as
 // B-tile rows: pair c / 2 at out + c / 2 * 32 (BF16), columns past k zero. Asks for the same

@@ -318,8 +318,30 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
   return absl::OkStatus();
 }
 
+namespace internal {
+
+namespace {
+std::atomic<bool> amx_bf16_attention{true};
+}  // namespace
+
+void SetAmxBf16AttentionForTesting(bool enabled) {
+  amx_bf16_attention.store(enabled, std::memory_order_relaxed);
+}
+
+bool RunsAmxBf16Tiles(const PagedAttentionParams& p) {
+  return p.activations == ActivationPrecision::kBf16 &&
+         amx_bf16_attention.load(std::memory_order_relaxed) && p.softcap <= 0.0f &&
+         (p.cache.dtype == KvDtype::kF16 || p.cache.dtype == KvDtype::kF32) &&
+         p.cache.head_dim % 16 == 0 && p.cache.v != p.cache.k;
+}
+
+}  // namespace internal
+
 absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool) {
   if (absl::Status status = CheckAttentionParams(params); !status.ok()) return status;
+  if (absl::Status status = ActivationPrecisionStatus(params.activations); !status.ok()) {
+    return status;
+  }
   const int64_t num_tokens = params.query_start[params.num_seqs];
   if (num_tokens == 0) return absl::OkStatus();
   KvRotation rotation(params);
@@ -340,7 +362,9 @@ absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool
   // chunk split, the prefix-cache hit or the speculative step it is computed in.
   void (*attend_tile)(const KvLayerView&, float, const internal::AttentionTask&) = nullptr;
   const internal::TileMode mode = tile_mode.load(std::memory_order_relaxed);
-  if (softcap) {
+  if (internal::RunsAmxBf16Tiles(p)) {
+    attend_tile = internal::AttendTileAmxBf16;
+  } else if (softcap) {
     // per-token tasks only
   } else if (mode == internal::TileMode::kOn && SimdEnabled() && d % 16 == 0) {
     attend_tile = internal::AttendTileAvx512;
@@ -460,6 +484,11 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
   const PagedAttentionParams& p = rotation.params();
   const KvLayerView& c = p.cache;
   const int64_t d = c.head_dim;
+  // The AMX-BF16 tiles' inputs: q, K, V and the weights rounded to BF16 (below).
+  const bool bf16 = internal::RunsAmxBf16Tiles(p);
+  const auto round = [bf16](double x) -> double {
+    return bf16 ? RoundToBf16(static_cast<float>(x)) : x;
+  };
   for (int64_t s = 0; s < p.num_seqs; ++s) {
     const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
     const int32_t* blocks = p.block_indices + p.block_indptr[s];
@@ -482,18 +511,32 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
         for (int64_t pos = 0; pos < first; ++pos) scores[pos] = max_score;
         for (int64_t pos = first; pos < len; ++pos) {
           double dot = 0.0;
-          for (int64_t i = 0; i < d; ++i)
-            dot += static_cast<double>(q[i]) * LoadK(c, bases[pos] + i);
+          for (int64_t i = 0; i < d; ++i) dot += round(q[i]) * round(LoadK(c, bases[pos] + i));
           scores[pos] = dot * p.scale;
           if (p.softcap > 0.0f) scores[pos] = p.softcap * std::tanh(scores[pos] / p.softcap);
           max_score = std::max(max_score, scores[pos]);
         }
+        // The weights exp(s - max). The AMX-BF16 tiles round exp(s - m) instead, m the running
+        // max of the kAmxKvTile-position tiles seen so far, and scale by exp(m - max) later.
+        std::vector<double> weights(len, 0.0);
+        double running = -std::numeric_limits<double>::infinity();
+        for (int64_t t0 = first / internal::kAmxKvTile * internal::kAmxKvTile; t0 < len;
+             t0 += internal::kAmxKvTile) {
+          const int64_t t1 = std::min(len, t0 + internal::kAmxKvTile);
+          for (int64_t pos = std::max(t0, first); pos < t1; ++pos)
+            running = std::max(running, scores[pos]);
+          for (int64_t pos = std::max(t0, first); pos < t1; ++pos) {
+            weights[pos] =
+                bf16 ? round(std::exp(scores[pos] - running)) * std::exp(running - max_score)
+                     : std::exp(scores[pos] - max_score);
+          }
+        }
         double total = p.sinks == nullptr ? 0.0 : std::exp(p.sinks[h] - max_score);
-        for (double& score : scores) total += (score = std::exp(score - max_score));
+        for (int64_t pos = first; pos < len; ++pos) total += std::exp(scores[pos] - max_score);
         for (int64_t i = 0; i < d; ++i) {
           double value = 0.0;
           for (int64_t pos = first; pos < len; ++pos)
-            value += scores[pos] * LoadV(c, bases[pos] + i);
+            value += weights[pos] * round(LoadV(c, bases[pos] + i));
           p.out[(t * p.num_heads + h) * d + i] = static_cast<float>(value / total);
         }
       }

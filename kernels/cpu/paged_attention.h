@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cpu/kv_dtype.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace loom::kernels::cpu {
@@ -65,6 +66,13 @@ struct PagedAttentionParams {
   // softmax's denominator and nothing else: weights exp(s_j) / (exp(sink) + sum_j exp(s_j)),
   // which sum to less than 1. nullptr: none.
   const float* sinks = nullptr;
+  // kBf16 (--activations bf16): the queries, keys, values and softmax weights enter the two
+  // products rounded to BF16, on AMX tiles (paged_attention_amx.cc), for F16 and F32 KV,
+  // head dims a multiple of 16 and separate K and V pools without soft-capping; elsewhere
+  // (8-bit KV, latent attention's shared pool, Gemma 2's capped scores) and for kF32 / kInt8,
+  // float arithmetic throughout. FailedPrecondition where AMX-BF16 is not available
+  // (ActivationPrecisionStatus).
+  ActivationPrecision activations = ActivationPrecision::kF32;
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence
@@ -73,6 +81,9 @@ struct PagedAttentionParams {
 /// either way a token's result depends only on its own sequence and position, never on
 /// the rest of the batch, the thread count or how its prompt was split into steps.
 absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool);
+/// In double precision; where the AMX-BF16 tiles would run (PagedAttentionParams::activations),
+/// with their inputs rounded to BF16 as theirs are (a softmax weight relative to the running
+/// max of the 32-position tiles seen so far, then scaled to the final max).
 absl::Status PagedAttentionReference(const PagedAttentionParams& params);
 
 }  // namespace loom::kernels::cpu

@@ -88,6 +88,17 @@ inline int64_t TileRows(int64_t num_heads) {
 void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTask& tile);
 void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTask& tile);
 
+/// The tiles with both products on AMX-BF16 (paged_attention_amx.cc) for --activations bf16:
+/// F16 or F32 KV, head dims a multiple of 16. They take kAmxKvTile positions at a time from
+/// a multiple of it, and round each softmax weight relative to the running max so far.
+inline constexpr int64_t kAmxKvTile = 32;
+void AttendTileAmxBf16(const KvLayerView& cache, float scale, const AttentionTask& tile);
+/// Whether PagedAttention runs `p` on AttendTileAmxBf16 (PagedAttentionParams::activations).
+bool RunsAmxBf16Tiles(const PagedAttentionParams& p);
+/// Bench hook: false keeps --activations bf16's attention in float (as before the AMX tiles;
+/// PagedAttentionReference follows it).
+void SetAmxBf16AttentionForTesting(bool enabled);
+
 /// Online-softmax attention of one task (float accumulation).
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task);
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task);

@@ -77,7 +77,16 @@ struct Case {
   int64_t window = 0;  // sliding window (PagedAttentionParams::window)
   float softcap = 0.0f;  // PagedAttentionParams::softcap
   bool sinks = false;    // random PagedAttentionParams::sinks, one far above every score
+  ActivationPrecision activations = ActivationPrecision::kF32;
 };
+
+// --activations bf16 against the reference with the same BF16 rounding (q, K, V and each weight
+// exp(s - running max)): the kernel's float weight and the reference's double one can round to
+// the two sides of a BF16 step where they straddle it (a few elements in 10^4 move by more than
+// 1e-4), which moves an output by up to 2^-8 of that weight times its V: measured at most
+// 2.3e-3 on these cases (|V| up to ~4), where the rounded and the float reference differ by
+// 1.7e-2 to 2.3e-2.
+constexpr double kTolBf16 = 1.5e-3;
 
 // A fixed cache holding several sequences' K/V and queries, run as steps of any
 // composition: Run({{seq, begin, end}, ...}) puts the query tokens at positions
@@ -89,8 +98,9 @@ class StepHarness {
     int32_t seq, begin, end;
   };
   StepHarness(KvDtype dtype, int64_t block_size, int64_t kv_heads, int64_t group, int64_t head_dim,
-              const std::vector<int32_t>& lengths, uint32_t seed, int64_t window = 0)
-      : d_(head_dim), num_heads_(kv_heads * group), window_(window) {
+              const std::vector<int32_t>& lengths, uint32_t seed, int64_t window = 0,
+              ActivationPrecision activations = ActivationPrecision::kF32)
+      : d_(head_dim), num_heads_(kv_heads * group), window_(window), activations_(activations) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const int64_t kv_row = kv_heads * d_;
@@ -147,6 +157,7 @@ class StepHarness {
     p.num_heads = num_heads_;
     p.scale = 1.0f / std::sqrt(static_cast<float>(d_));
     p.window = window_;
+    p.activations = activations_;
     ThreadPool pool(threads);
     EXPECT_TRUE(PagedAttention(p, pool).ok());
     std::vector<std::vector<float>> outputs;
@@ -158,6 +169,7 @@ class StepHarness {
 
  private:
   int64_t d_, num_heads_, window_;
+  ActivationPrecision activations_;
   std::unique_ptr<TestPool> pool_;
   KvLayerView cache_;
   std::vector<std::vector<int32_t>> blocks_;
@@ -179,7 +191,8 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
                                   << " kv_heads " << c.num_kv_heads << " group " << c.group
                                   << " head_dim " << c.head_dim << " seqs " << c.seqs.size()
                                   << " slice_heads " << c.slice_heads << " head0 " << c.head0
-                                  << " window " << c.window << " threads " << num_threads);
+                                  << " window " << c.window << " threads " << num_threads
+                                  << " activations " << ActivationPrecisionName(c.activations));
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t d = c.head_dim, kv_row = c.num_kv_heads * d;
@@ -282,6 +295,7 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
   for (float& sink : sinks) sink = std::uniform_real_distribution<float>(-2.0f, 3.0f)(rng);
   sinks.back() = 12.0f;
   if (c.sinks) p.sinks = sinks.data();
+  p.activations = c.activations;
   ThreadPool pool(num_threads);
   ASSERT_TRUE(PagedAttention(p, pool).ok());
   PagedAttentionParams ref = p;
@@ -310,9 +324,23 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
       largest = std::max(largest, double{std::fabs(sinkless[i] - want[i])});
     EXPECT_GT(largest, 100 * kTol);
   }
+  const bool bf16 = internal::RunsAmxBf16Tiles(p);
+  const double tol = (bf16 ? kTolBf16 : kTol) * 4.0 + 1e-6;  // max|V| ~ 4
+  if (bf16) {
+    // The rounding is there: the float reference is further away than float arithmetic goes.
+    std::vector<float> exact(q.size());
+    ref.out = exact.data();
+    ref.activations = ActivationPrecision::kF32;
+    ref.sinks = p.sinks;
+    ASSERT_TRUE(PagedAttentionReference(ref).ok());
+    double largest = 0.0;
+    for (size_t i = 0; i < out.size(); ++i)
+      largest = std::max(largest, double{std::fabs(exact[i] - want[i])});
+    EXPECT_GT(largest, tol);
+  }
   int bad = 0;
   for (size_t i = 0; i < out.size(); ++i) {
-    if (!(std::fabs(out[i] - want[i]) <= kTol * 4.0 + 1e-6) && bad++ < 5) {  // max|V| ~ 4
+    if (!(std::fabs(out[i] - want[i]) <= tol) && bad++ < 5) {
       ADD_FAILURE() << "out[" << i << "] = " << out[i] << ", reference " << want[i];
     }
   }
@@ -592,6 +620,109 @@ INSTANTIATE_TEST_SUITE_P(Isa, PagedAttentionTest, testing::Values(true, false),
                          [](const testing::TestParamInfo<bool>& info) {
                            return info.param ? "Simd" : "Scalar";
                          });
+
+// --activations bf16: the AMX-BF16 tiles (paged_attention_amx.cc), where the CPU has them.
+class PagedAttentionBf16Test : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (absl::Status status = ActivationPrecisionStatus(ActivationPrecision::kBf16); !status.ok()) {
+      GTEST_SKIP() << status;
+    }
+  }
+};
+
+// Against the reference with the same rounding (which also checks that the rounding shows):
+// decode, prefill and chunks; MHA, GQA, MQA and a tensor-parallel slice; head dims of one
+// (16), two (64) and several (128) product steps and one that pads its last (80); F16 and F32
+// KV; sliding windows and sinks.
+TEST_F(PagedAttentionBf16Test, MatchesTheBf16Reference) {
+  const std::vector<Sequence> mixed = {{1, 1}, {37, 1}, {16, 16}, {50, 7}, {129, 1}, {300, 45}};
+  uint32_t seed = 2000;
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    std::vector<Case> cases = {
+        {dtype, 16, 3, 3, 64, mixed},                  // SmolLM2-135M: 9 heads, 3 KV heads
+        {dtype, 5, 2, 1, 80, mixed},                   // odd block size, a padded step, MHA
+        {dtype, 16, 1, 4, 128, {{300, 300}, {9, 2}}},  // a long prefill, MQA
+        {dtype, 32, 2, 7, 16, {{700, 1}, {3, 2}, {90, 90}}},
+        {dtype,
+         16,
+         2,
+         8,
+         128,
+         {{50, 1}, {19, 19}},
+         /*slice_heads=*/5,
+         /*head0=*/14,
+         /*kv_head0=*/1},
+    };
+    for (Case c : cases) {
+      c.activations = ActivationPrecision::kBf16;
+      RunCase(c, ++seed);
+      c.window = 17;
+      RunCase(c, ++seed);
+      c.window = 0;
+      c.sinks = true;
+      RunCase(c, ++seed, /*num_threads=*/3);
+    }
+  }
+}
+
+// Where the tiles do not run (8-bit KV, capped scores, a head dim not a multiple of 16) the
+// arithmetic stays float: held to the float reference's tolerance.
+TEST_F(PagedAttentionBf16Test, OtherCachesAndCappedScoresStayFloat) {
+  uint32_t seed = 2100;
+  const std::vector<Sequence> seqs = {{120, 120}, {77, 1}, {200, 9}};
+  for (KvDtype dtype : {KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    Case c{dtype, 16, 2, 3, 64, seqs};
+    c.activations = ActivationPrecision::kBf16;
+    RunCase(c, ++seed);
+  }
+  Case capped{KvDtype::kF16, 16, 2, 3, 64, seqs};
+  capped.activations = ActivationPrecision::kBf16;
+  capped.softcap = 3.0f;
+  RunCase(capped, ++seed);
+  Case odd{KvDtype::kF16, 16, 2, 3, 72, seqs};
+  odd.activations = ActivationPrecision::kBf16;
+  RunCase(odd, ++seed);
+}
+
+// A token's result does not depend on its batch, its chunk split, its tile (decode-sized
+// pieces among long ones), a speculative verify or the thread count, bit for bit, with and
+// without a sliding window; and the AMX tiles did run (their bits differ from float's).
+TEST_F(PagedAttentionBf16Test, IsBatchChunkAndThreadInvariant) {
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (const auto& [kv_heads, group, head_dim, window] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+             {3, 3, 64, 0}, {1, 8, 128, 0}, {2, 1, 80, 0}, {2, 5, 16, 0}, {3, 3, 64, 70}}) {
+      SCOPED_TRACE(testing::Message()
+                   << "dtype " << KvDtypeName(dtype) << " kv_heads " << kv_heads << " group "
+                   << group << " head_dim " << head_dim << " window " << window);
+      StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 17, window,
+                          ActivationPrecision::kBf16);
+      const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
+      for (int threads : {1, 3}) {
+        const auto batch = harness.Run({{1, 89, 90}, {0, 0, 320}, {2, 0, 300}}, threads);
+        EXPECT_EQ(batch[1], alone) << threads << " threads";
+      }
+      std::vector<float> pieces;
+      for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
+               {0, 1}, {1, 3}, {3, 18}, {18, 71}, {71, 189}, {189, 318}, {318, 319}, {319, 320}}) {
+        const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
+        pieces.insert(pieces.end(), piece.begin(), piece.end());
+      }
+      EXPECT_EQ(pieces, alone);
+      const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
+      const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
+      std::vector<float> decoded;
+      for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
+        const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
+        decoded.insert(decoded.end(), one.begin(), one.end());
+      }
+      EXPECT_EQ(verify, decoded);
+      StepHarness float_harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 17, window);
+      EXPECT_NE(float_harness.Run({{0, 0, 320}}, 2)[0], alone);
+    }
+  }
+}
 
 // Floats that stress FloatToHalf: every tie between two adjacent halves (normal and
 // subnormal) and the floats just either side of it, the overflow and underflow edges, and

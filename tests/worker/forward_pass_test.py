@@ -124,17 +124,20 @@ GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600
 RANDOM_MODELS = tuple(random_model.SPECS)
 ALL_MODELS = ("smollm2",) + RANDOM_MODELS
-# --activations bf16 against the reference with the same BF16 rounding (Numerics.bf16): (max |Δlogit|,
-# RMS Δlogit), about 2.5x the worst measured (AMX on a Sapphire Rapids Xeon, 2 threads; AMX's
-# sums are deterministic). Measured: smollm2 max 0.221 RMS 0.052 (30 layers: some inputs round
-# to the other side of a BF16 step, where float32 and float64 differ); the random models max
-# 0.000-0.060, RMS 0.000-0.0093, against 0.13-0.47 / 0.034-0.078 from the exact reference, so
-# the kernels round what the reference rounds. The DeepSeek-V2 models are held to the exact
+# --activations bf16 against the reference with the same BF16 rounding (Numerics.bf16: every
+# matmul's inputs, and attention's q, K, V and softmax weights): (max |Δlogit|, RMS Δlogit), about
+# 2.2x the worst measured (AMX on a Sapphire Rapids Xeon; AMX's sums are deterministic and
+# batch- and thread-invariant). Measured: smollm2 max 0.312 RMS 0.080 (30 layers: some values
+# round to the other side of a BF16 step, where float32 and float64 differ); the random models
+# max 0.000-0.139, RMS 0.000-0.015, against 0.019-0.64 / 0.005-0.10 from the exact reference, so
+# the kernels round what the reference rounds: most prompts agree to ~1e-6, the largest
+# differences are single prompts where such a flip was amplified (before attention was rounded
+# too, with fewer rounding sites: smollm2 0.221 / 0.052, random models up to 0.060 / 0.0093). The DeepSeek-V2 models are held to the exact
 # reference instead (measured max 0.542 / 0.439, RMS 0.104 / 0.080): Loom runs their latent
 # attention absorbed (k_b and v_b as matmuls of the heads, so rounded), the reference not (its
 # einsums are not rounded), and on one prompt that moved the bf16 reference's routing (11.6).
-TOL_BF16 = {name: (0.15, 0.025) for name in ALL_MODELS}
-TOL_BF16["smollm2"] = (0.5, 0.12)
+TOL_BF16 = {name: (0.3, 0.035) for name in ALL_MODELS}
+TOL_BF16["smollm2"] = (0.7, 0.18)
 BF16_HELD_TO_EXACT = {"deepseek2_lite": (1.2, 0.25), "deepseek2_qlora": (1.2, 0.25)}
 
 TEXT_PROMPTS = (

@@ -634,6 +634,24 @@ def _quantize_activations_int8(x: np.ndarray, block: int, f16_scale: bool = True
     return (q * d.astype(x.dtype)).reshape(rows, cols).astype(x.dtype)
 
 
+BF16_KV_TILE = 32  # positions per tile of the CPU backend's AMX-BF16 attention (kAmxKvTile)
+
+
+def _bf16_tile_weights(scores: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """The softmax weights exp(scores - top) ([..., T], -inf where masked) as the AMX-BF16
+    attention forms them: exp(score - m) rounded to bfloat16, m the running max over the
+    32-position tiles of absolute positions seen so far, then scaled by exp(m - top)."""
+    t = scores.shape[-1]
+    tiles = -(-t // BF16_KV_TILE)
+    padded = np.full(scores.shape[:-1] + (tiles * BF16_KV_TILE,), -np.inf, dtype=scores.dtype)
+    padded[..., :t] = scores
+    running = np.maximum.accumulate(padded.reshape(scores.shape[:-1] + (tiles, BF16_KV_TILE)).max(axis=-1), axis=-1)
+    running = np.repeat(running, BF16_KV_TILE, axis=-1)[..., :t]
+    with np.errstate(invalid="ignore"):
+        weights = round_bf16(np.exp(scores - running)).astype(scores.dtype) * np.exp(running - top)
+    return np.where(np.isneginf(scores), 0.0, weights).astype(scores.dtype)
+
+
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """x rounded to bfloat16 as Intel's VCVTNEPS2BF16 does (from float32, to nearest even,
     subnormal inputs to zero), as float32."""
@@ -839,6 +857,13 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         cache.v[li] = np.concatenate([cache.v[li].astype(dtype), v.transpose(1, 0, 2)], axis=1)
         keys = np.repeat(cache.k[li], group, axis=0)  # [n_head, T, head_dim]; head h reads kv head h // group
         values = np.repeat(cache.v[li], group, axis=0)
+        # Under Numerics.bf16 the CPU backend's attention rounds q, K, V and the softmax weights
+        # to bfloat16 as well (its AMX tiles), except for soft-capped scores, latent attention
+        # and head dims that are not a multiple of 16 (PagedAttentionParams::activations).
+        bf16_attention = (numerics.bf16 and not model.attn_softcap and layer.kv_a is None
+                          and model.head_dim % 16 == 0)
+        if bf16_attention:
+            q, keys, values = (round_bf16(a).astype(dtype) for a in (q, keys, values))
         scores = np.einsum("nhd,htd->hnt", q, keys) * dtype(scale)
         if model.attn_softcap:
             scores = dtype(model.attn_softcap) * np.tanh(scores / dtype(model.attn_softcap))
@@ -857,6 +882,8 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         total = probs.sum(axis=-1, keepdims=True)
         if layer.sinks is not None:
             total = total + np.exp(sinks - top)
+        if bf16_attention:
+            probs = _bf16_tile_weights(scores, top)
         probs /= total
         attn = np.einsum("hnt,htd->nhd", probs, values).reshape(n, -1)
         out = _linear(attn, layer.o, numerics)

@@ -1,0 +1,344 @@
+// PagedAttention's tiles with both products on AMX-BF16, for --activations bf16
+// (PagedAttentionParams::activations; Intel Sapphire Rapids and later). Compiled with the
+// AVX-512 flags plus -mamx-tile -mamx-bf16 -mavx512bf16 (kernels/CMakeLists.txt) and only
+// called when ActivationPrecisionStatus(kBf16) is OK.
+//
+// What it computes: FlashAttention's online softmax in which the queries, the keys, the values
+// and the softmax weights exp(score - running max) enter the two products rounded to BF16
+// (nearest even), as the bf16 mode's matmuls take their inputs; the products are exact in F32
+// and summed in F32 by TDPBF16PS. The scores' scale and mask, the running max, the sum of the
+// (unrounded) weights, the rescaling of the output and its division stay F32, the same
+// operations as the AVX-512 tiles' (paged_attention_tiled.h). PagedAttentionReference rounds
+// the same values (with the final max in place of the running one).
+//
+// How, per tile (up to 64 query vectors: rows of one sequence x the query heads of one KV head,
+// as the AVX-512 tiles cut them), KV_TILE = 32 positions at a time:
+//   S^T = K Q^T   A = the positions' K rows as BF16 (the cache's own layout, converted per KV
+//                 tile; 16 positions an A tile), B = Q^T as B tiles (built once per tile, 16
+//                 query vectors a tile): scores come out with query vectors in lanes, so the
+//                 softmax runs lane-wise as the AVX-512 tiles' does, without horizontal sums;
+//   O = O c + P V A = the weights P as 16 query vectors x 32 positions (the score rows turned
+//                 into B-layout pairs, then one 16 x 16 transpose of 32-bit pairs), B = V as B
+//                 tiles (two positions' rows interleaved, 16 head dims a tile); O, rescaled by
+//                 c in memory, is the C tile the product accumulates into.
+// KV tiles start at multiples of 32, at the one holding the tile's first position.
+//
+// Batch invariance: an element of an AMX product sums its own row of A and column of B in
+// one order, so a query vector's scores, weights and output depend only on its own query and
+// its sequence's cache, never on the other query vectors in its tile or their number: a token
+// gives the same bits in a decode step, a prefill chunk, a batch or a speculative verify. A
+// KV tile wholly past a query vector's limit (its tile's later rows reach further) rescales its
+// output by exactly 1 and adds products of exact zeros; TDPBF16PS's flush of subnormal results
+// cannot move it either, as every product step leaves a normal number or zero.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/amx_tile_config.h"
+#include "kernels/cpu/bf16_pairs_avx512.h"
+#include "kernels/cpu/paged_attention_internal.h"
+#include "kernels/cpu/vector_math_avx512.h"
+
+namespace loom::kernels::cpu::internal {
+namespace {
+
+constexpr int64_t kKvTile = kAmxKvTile;  // positions per KV tile: two A tiles of K, a P tile's k
+static_assert(kKvTile == 32);
+constexpr int64_t kLanes = 16;  // query vectors per Q^T / P tile; head dims per V / O tile
+constexpr int64_t kTileK = 32;  // BF16 values in a 64-byte tile row
+constexpr int64_t kTileValues = 16 * kTileK;  // BF16 values in a tile
+
+// Per-thread scratch of one tile, grown on demand.
+struct Scratch {
+  std::vector<uint16_t> qt;  // [query blocks][d steps] B tiles: row r, lane c = dims 2r, 2r+1
+  // Two KV tiles' worth, this one's and the next's (StageKv):
+  std::vector<uint16_t> k[2];     // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
+  std::vector<uint16_t> v[2];     // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
+  std::vector<uint16_t> p;        // [query blocks][16][kKvTile] BF16 weights (A tiles)
+  std::vector<float> st;          // [kKvTile][qs] scores, then F32 weights (0 where masked)
+  std::vector<float> o;           // [qs][d] unnormalized outputs (the PV product's C tiles)
+  std::vector<float> m, l, corr;  // [qs]: running max, running sum, this KV tile's rescale
+  std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
+  std::vector<int32_t> lower;     // [qs]: ... and >= lower (0 without a sliding window)
+};
+
+inline __m512 Load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+
+// `count` (a multiple of 16) values from `src` as BF16 in `dst`, padded with zeros to a
+// multiple of 32.
+template <typename E>
+void RowToBf16(const E* src, int64_t count, uint16_t* dst) {
+  for (int64_t i = 0; i < count; i += kTileK) {
+    const __m512 lo = Load16(src + i);
+    const __m512 hi = i + kLanes < count ? Load16(src + i + kLanes) : _mm512_setzero_ps();
+    // cvtne2ps_pbh(a, b): elements 0-15 from b, 16-31 from a.
+    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+// S^T[j][qv] = k_j . q_qv (BF16 products, F32 sums) for the 32 positions of `k` and every query
+// block, two query blocks at a time: C tiles tmm0-3 (positions 0-15 / 16-31 x two blocks), K in
+// tmm4-5, Q^T in tmm6-7. GCC pastes tile numbers into the assembly: literals only.
+void Scores(int64_t steps, int64_t d_pad, int64_t blocks, int64_t qs, const uint16_t* k,
+            Scratch& s) {
+  const int64_t k_stride = d_pad * 2, st_stride = qs * 4;
+  float* const st = s.st.data();
+  for (int64_t b = 0; b < blocks; b += 2) {
+    const bool two = b + 1 < blocks;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t t = 0; t < steps; ++t) {
+      _tile_loadd(4, k + t * kTileK, k_stride);
+      _tile_loadd(5, k + kLanes * d_pad + t * kTileK, k_stride);
+      _tile_loadd(6, s.qt.data() + (b * steps + t) * kTileValues, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 5, 6);
+      if (two) {
+        _tile_loadd(7, s.qt.data() + ((b + 1) * steps + t) * kTileValues, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, st + b * kLanes, st_stride);
+    _tile_stored(1, st + kLanes * qs + b * kLanes, st_stride);
+    if (two) {
+      _tile_stored(2, st + (b + 1) * kLanes, st_stride);
+      _tile_stored(3, st + kLanes * qs + (b + 1) * kLanes, st_stride);
+    }
+  }
+}
+
+// Lanes whose limit <= position or whose lower > position take `fill`.
+inline __m512 MaskOutside(__m512 x, __m512i lower, __m512i limit, int64_t position, __m512 fill) {
+  const __m512i at = _mm512_set1_epi32(static_cast<int32_t>(position));
+  const __mmask16 valid = static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(limit, at) &
+                                                 ~_mm512_cmpgt_epi32_mask(lower, at));
+  return _mm512_mask_blend_ps(valid, fill, x);
+}
+
+// Scales and masks the scores of positions kv0 .. kv0 + n, updates each query vector's
+// running max and sum, and turns the scores into weights (0 where masked, and at positions
+// n .. kKvTile): the AVX-512 tiles' Softmax, lane for lane.
+template <bool kMasked>
+void Softmax(float scale, int64_t kv0, int64_t n, int64_t qs, int64_t blocks, Scratch& s) {
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  float* const st = s.st.data();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t lane0 = b * kLanes;
+    const __m512i limit = _mm512_loadu_si512(s.limit.data() + lane0);
+    const __m512i lower = _mm512_loadu_si512(s.lower.data() + lane0);
+    __m512 tile_max = minus_inf;
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 x = _mm512_mul_ps(_mm512_loadu_ps(st + j * qs + lane0), scale_v);
+      if constexpr (kMasked) x = MaskOutside(x, lower, limit, kv0 + j, minus_inf);
+      _mm512_storeu_ps(st + j * qs + lane0, x);
+      tile_max = _mm512_max_ps(tile_max, x);
+    }
+    const __m512 old_max = _mm512_loadu_ps(s.m.data() + lane0);
+    const __m512 new_max = _mm512_max_ps(old_max, tile_max);
+    // exp(0) = 1 where the max held, exp(-inf) = 0 on a query vector's first tile; nothing seen
+    // yet and nothing in this tile (before its window): NaN, which max turns into -inf.
+    const __m512 corr = Exp512(_mm512_max_ps(_mm512_sub_ps(old_max, new_max), minus_inf));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 w = Exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * qs + lane0), new_max));
+      if constexpr (kMasked) w = MaskOutside(w, lower, limit, kv0 + j, _mm512_setzero_ps());
+      _mm512_storeu_ps(st + j * qs + lane0, w);
+      sum = _mm512_add_ps(sum, w);
+    }
+    for (int64_t j = n; j < kKvTile; ++j)
+      _mm512_storeu_ps(st + j * qs + lane0, _mm512_setzero_ps());
+    _mm512_storeu_ps(s.m.data() + lane0, new_max);
+    _mm512_storeu_ps(s.corr.data() + lane0, corr);
+    _mm512_storeu_ps(s.l.data() + lane0,
+                     _mm512_fmadd_ps(_mm512_loadu_ps(s.l.data() + lane0), corr, sum));
+  }
+}
+
+// The weights as A tiles: block b's row c holds query vector 16 b + c's 32 weights in
+// position order, BF16.
+void WeightTiles(int64_t qs, int64_t blocks, Scratch& s) {
+  const float* const st = s.st.data();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 rows[16];  // rows[r], lane c: query vector c's weights at positions 2r, 2r + 1
+    for (int r = 0; r < 16; ++r) {
+      rows[r] =
+          reinterpret_cast<__m512>(PairUp(_mm512_loadu_ps(st + 2 * r * qs + b * kLanes),
+                                          _mm512_loadu_ps(st + (2 * r + 1) * qs + b * kLanes)));
+    }
+    Transpose16x16(rows);
+    for (int c = 0; c < 16; ++c) {
+      _mm512_storeu_si512(s.p.data() + (b * kLanes + c) * kKvTile,
+                          reinterpret_cast<__m512i>(rows[c]));
+    }
+  }
+}
+
+// o[qv] = o[qv] corr[qv] + sum_j p[qv][j] v_j (`v`: the V tiles): the rescale in F32 vectors
+// (skipped for a block whose factors are all exactly 1, as they mostly are once the max has
+// settled: the same bits), then one C tile (16 query vectors x 16 head dims) at a time loaded
+// from o, the product added, stored back.
+void Accumulate(int64_t d, int64_t blocks, const uint16_t* v, Scratch& s) {
+  float* const o = s.o.data();
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (_mm512_cmpneq_ps_mask(_mm512_loadu_ps(s.corr.data() + b * kLanes), _mm512_set1_ps(1.0f)) ==
+        0) {
+      continue;
+    }
+    for (int64_t qv = b * kLanes; qv < (b + 1) * kLanes; ++qv) {
+      const __m512 c = _mm512_set1_ps(s.corr[qv]);
+      for (int64_t i = 0; i < d; i += kLanes) {
+        _mm512_storeu_ps(o + qv * d + i, _mm512_mul_ps(_mm512_loadu_ps(o + qv * d + i), c));
+      }
+    }
+  }
+  const int64_t o_stride = d * 4;
+  for (int64_t b = 0; b < blocks; ++b) {
+    _tile_loadd(4, s.p.data() + b * kLanes * kKvTile, kKvTile * 2);
+    for (int64_t i = 0; i < d; i += kLanes) {
+      float* const c = o + b * kLanes * d + i;
+      _tile_loadd(0, c, o_stride);
+      _tile_loadd(6, v + i / kLanes * kTileValues, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_stored(0, c, o_stride);
+    }
+  }
+}
+
+// The KV tile at kv0 (its positions before `end`) as BF16 A tiles of K (zero rows past `end`)
+// and B tiles of V (zero values past `end`: their weights are 0, and 0 x a stale row of the
+// pool could be NaN); the rows of the tile after it asked into L2 (their blocks are scattered,
+// which hardware prefetchers do not follow).
+template <typename E>
+void StageKv(const KvLayerView& cache, const AttentionTask& tile, int64_t kv0, int64_t end,
+             int64_t d_pad, uint16_t* k, uint16_t* v) {
+  const int64_t d = cache.head_dim, kv_row = cache.num_kv_heads * d, bs = cache.block_size;
+  const E* const k_pool = static_cast<const E*>(cache.k);
+  const E* const v_pool = static_cast<const E*>(cache.v);
+  const auto element = [&](int64_t pos) {
+    return (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
+           tile.kv_head * d;
+  };
+  const int64_t n = std::min(kKvTile, end - kv0);
+  const E* v_src[kKvTile] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    RowToBf16(k_pool + element(kv0 + j), d, k + j * d_pad);
+    v_src[j] = v_pool + element(kv0 + j);
+  }
+  if (n < kKvTile) std::fill(k + n * d_pad, k + kKvTile * d_pad, uint16_t{0});
+  for (int64_t r = 0; r < kKvTile / 2; ++r) {
+    const E* even = v_src[2 * r];
+    const E* odd = v_src[2 * r + 1];
+    for (int64_t i = 0; i < d; i += kLanes) {
+      const __m512 e = even != nullptr ? Load16(even + i) : _mm512_setzero_ps();
+      const __m512 o = odd != nullptr ? Load16(odd + i) : _mm512_setzero_ps();
+      _mm512_storeu_si512(v + i / kLanes * kTileValues + r * kTileK, PairUp(e, o));
+    }
+  }
+  for (int64_t pos = kv0 + kKvTile; pos < std::min(end, kv0 + 2 * kKvTile); ++pos) {
+    for (int64_t byte = 0; byte < d * static_cast<int64_t>(sizeof(E)); byte += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(k_pool + element(pos)) + byte, 0, 2);
+      __builtin_prefetch(reinterpret_cast<const char*>(v_pool + element(pos)) + byte, 0, 2);
+    }
+  }
+}
+
+template <typename E>
+void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
+  thread_local Scratch s;
+  const int64_t d = cache.head_dim;
+  const int64_t steps = (d + kTileK - 1) / kTileK, d_pad = steps * kTileK;
+  const int64_t num_q = tile.num_rows * tile.num_heads;
+  const int64_t blocks = (num_q + kLanes - 1) / kLanes, qs = blocks * kLanes;
+  s.qt.assign(blocks * steps * kTileValues, 0);
+  for (int i = 0; i < 2; ++i) {
+    s.k[i].resize(kKvTile * d_pad);
+    s.v[i].resize(d / kLanes * kTileValues);
+  }
+  s.p.resize(qs * kKvTile);
+  s.st.resize(kKvTile * qs);
+  s.o.assign(qs * d, 0.0f);
+  s.m.assign(qs, -std::numeric_limits<float>::infinity());
+  s.l.assign(qs, 0.0f);
+  s.corr.resize(qs);
+  s.limit.resize(qs);
+  s.lower.resize(qs);
+  // Q^T as B tiles: query vector qv = row * num_heads + head is lane qv % 16 of block qv / 16;
+  // padding lanes keep zero queries and no limit.
+  uint16_t q_bf16[kMaxHeadDim + kTileK];
+  uint32_t* const qt = reinterpret_cast<uint32_t*>(s.qt.data());
+  for (int64_t qv = 0; qv < qs; ++qv) {
+    if (qv >= num_q) {
+      s.limit[qv] = std::numeric_limits<int32_t>::max();
+      s.lower[qv] = 0;
+      continue;
+    }
+    const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
+    RowToBf16(tile.q + row * tile.token_stride + head * d, d, q_bf16);
+    const int64_t b = qv / kLanes, lane = qv % kLanes;
+    for (int64_t pair = 0; pair < d_pad / 2; ++pair) {
+      uint32_t both;
+      std::memcpy(&both, q_bf16 + 2 * pair, sizeof(both));
+      qt[((b * steps + pair / 16) * 16 + pair % 16) * kLanes + lane] = both;
+    }
+    s.limit[qv] = static_cast<int32_t>(tile.attend_len + row);
+    s.lower[qv] = static_cast<int32_t>(LowerLimit(tile, row));
+  }
+
+  const int64_t end = tile.attend_len + tile.num_rows - 1;  // the last row's limit
+  const int64_t start = LowerLimit(tile, 0) / kKvTile * kKvTile;
+  const int64_t last_lower = LowerLimit(tile, tile.num_rows - 1);
+  LoadTileConfig(FullTileConfig());
+  // Each KV tile is staged one tile ahead: the tile loads of its K and V then read stores that
+  // have long left the store buffer (a tile load waits for overlapping stores to commit).
+  if (start < end) StageKv<E>(cache, tile, start, end, d_pad, s.k[0].data(), s.v[0].data());
+  int cur = 0;
+  for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile, cur ^= 1) {
+    const int64_t n = std::min(kKvTile, end - kv0);
+    if (kv0 + kKvTile < end) {
+      StageKv<E>(cache, tile, kv0 + kKvTile, end, d_pad, s.k[cur ^ 1].data(), s.v[cur ^ 1].data());
+    }
+    Scores(steps, d_pad, blocks, qs, s.k[cur].data(), s);
+    if (kv0 + kKvTile > tile.attend_len || kv0 < last_lower) {
+      Softmax<true>(scale, kv0, n, qs, blocks, s);
+    } else {
+      Softmax<false>(scale, kv0, n, qs, blocks, s);
+    }
+    WeightTiles(qs, blocks, s);
+    Accumulate(d, blocks, s.v[cur].data(), s);
+  }
+  _tile_release();
+  for (int64_t qv = 0; qv < num_q; ++qv) {
+    const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
+    float* out = tile.out + row * tile.token_stride + head * d;
+    const __m512 inverse = _mm512_set1_ps(1.0f / WithSink(tile, head, s.l[qv], s.m[qv]));
+    for (int64_t i = 0; i < d; i += kLanes) {
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(s.o.data() + qv * d + i), inverse));
+    }
+  }
+}
+
+}  // namespace
+
+void AttendTileAmxBf16(const KvLayerView& cache, float scale, const AttentionTask& tile) {
+  if (cache.dtype == KvDtype::kF16) {
+    Run<uint16_t>(cache, scale, tile);
+  } else {
+    Run<float>(cache, scale, tile);
+  }
+}
+
+}  // namespace loom::kernels::cpu::internal
