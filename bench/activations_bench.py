@@ -74,9 +74,12 @@ def paired_with_f32(nll: list, base: list) -> dict:
             "perplexity_ratio_95": pair["ratio_ci95"]}
 
 
-def engine_speed(model: str, mode: str, args, env: dict | None = None) -> dict:
-    """One engine_bench run's figures (bf16_weights_bench.py uses it too, with LOOM_CPU_ISA)."""
-    result = cpu_vs_llamacpp.engine_bench_result(model, args.threads, args.tokens, mode, env=env)
+def engine_speed(model: str, mode: str, args, env: dict | None = None,
+                 extra_args: tuple = ()) -> dict:
+    """One engine_bench run's figures (bf16_weights_bench.py uses it too, with LOOM_CPU_ISA, and
+    bf16_attention_bench.py with --bf16-attention)."""
+    result = cpu_vs_llamacpp.engine_bench_result(model, args.threads, args.tokens, mode, env=env,
+                                                 extra_args=extra_args)
     batched = {str(b["sequences"]): b["tokens_per_s"] for b in result["batched_decode"]}
     return {"pp512": result["prefill_512"]["tokens_per_s"],
             "prefill_vs_fma_peak": result["prefill_512"]["vs_fma_peak"],

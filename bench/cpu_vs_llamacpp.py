@@ -205,7 +205,8 @@ def run_llama(args) -> dict:
 
 
 def engine_bench_result(model: str, threads: int, tokens: int, activations: str,
-                        env: dict | None = None, preexec_fn=None, echo: bool = False) -> dict:
+                        env: dict | None = None, preexec_fn=None, echo: bool = False,
+                        extra_args: tuple = ()) -> dict:
     """One bench/engine_bench run (its full figures), its JSON parsed. engine_bench writes
     bench/results/engine_cpu*.json under LOOM_SOURCE_DIR: a scratch directory here, so the
     committed engine_cpu*.json stay as they are. `model` must be absolute (it runs there)."""
@@ -216,7 +217,7 @@ def engine_bench_result(model: str, threads: int, tokens: int, activations: str,
         (pathlib.Path(tmp) / "bench" / "results").mkdir(parents=True)
         out = subprocess.run(
             [str(engine), "--model", model, "--threads", str(threads), "--decode-tokens",
-             str(tokens), "--activations", activations],
+             str(tokens), "--activations", activations, *extra_args],
             env=dict(env or os.environ, LOOM_SOURCE_DIR=tmp), cwd=tmp, capture_output=True,
             text=True, preexec_fn=preexec_fn)
         if out.returncode != 0:
