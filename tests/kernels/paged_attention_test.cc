@@ -167,6 +167,31 @@ class StepHarness {
     return outputs;
   }
 
+  // Sequence `seq`'s tokens run as the given consecutive pieces [begin, end), a step each:
+  // their outputs, concatenated.
+  std::vector<float> RunPieces(int32_t seq, const std::vector<std::pair<int32_t, int32_t>>& pieces,
+                               int threads = 2) const {
+    std::vector<float> out;
+    for (const auto& [begin, end] : pieces) {
+      const std::vector<float> piece = Run({{seq, begin, end}}, threads)[0];
+      out.insert(out.end(), piece.begin(), piece.end());
+    }
+    return out;
+  }
+
+  // A speculative verify step of 1 + kMaxSpeculativeTokens tokens of `seq` from position
+  // `from`, and the same tokens decoded one a step beside `beside`: {verify, decoded}.
+  std::pair<std::vector<float>, std::vector<float>> VerifyAndDecode(int32_t seq, int32_t from,
+                                                                    Item beside) const {
+    const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
+    std::vector<float> decoded;
+    for (int32_t pos = from; pos < from + verify_len; ++pos) {
+      const std::vector<float> one = Run({beside, {seq, pos, pos + 1}}, 2)[1];
+      decoded.insert(decoded.end(), one.begin(), one.end());
+    }
+    return {Run({{seq, from, from + verify_len}}, 2)[0], decoded};
+  }
+
  private:
   int64_t d_, num_heads_, window_;
   ActivationPrecision activations_;
@@ -454,33 +479,16 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
           EXPECT_EQ(batch[1], alone) << threads << " threads";
         }
         // Chunked: 18 + 106 + 65 + 131 tokens, and 33 + 287 beside a decode.
-        std::vector<float> chunked;
-        for (const auto& [begin, end] :
-             std::vector<std::pair<int32_t, int32_t>>{{0, 18}, {18, 124}, {124, 189}, {189, 320}}) {
-          const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
-          chunked.insert(chunked.end(), piece.begin(), piece.end());
-        }
-        EXPECT_EQ(chunked, alone);
+        EXPECT_EQ(harness.RunPieces(0, {{0, 18}, {18, 124}, {124, 189}, {189, 320}}), alone);
         std::vector<float> other = harness.Run({{0, 0, 33}}, 2)[0];
         const auto rest = harness.Run({{1, 89, 90}, {0, 33, 320}}, 2)[1];
         other.insert(other.end(), rest.begin(), rest.end());
         EXPECT_EQ(other, alone);
         // Pieces of 1, 2 and 3 tokens (decode-sized steps) among longer ones.
-        std::vector<float> short_pieces;
-        for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-                 {0, 1}, {1, 3}, {3, 6}, {6, 318}, {318, 319}, {319, 320}}) {
-          const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
-          short_pieces.insert(short_pieces.end(), piece.begin(), piece.end());
-        }
-        EXPECT_EQ(short_pieces, alone);
+        EXPECT_EQ(harness.RunPieces(0, {{0, 1}, {1, 3}, {3, 6}, {6, 318}, {318, 319}, {319, 320}}),
+                  alone);
         // A verify step of 1 + kMaxSpeculativeTokens tokens against decoding them one by one.
-        const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
-        const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
-        std::vector<float> decoded;
-        for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
-          const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
-          decoded.insert(decoded.end(), one.begin(), one.end());
-        }
+        const auto [verify, decoded] = harness.VerifyAndDecode(0, 200, {2, 299, 300});
         EXPECT_EQ(verify, decoded);
         // The tiles did run: with the tiles off, the per-token kernel rounds differently.
         const bool tiles_expected =
@@ -604,13 +612,8 @@ TEST_P(PagedAttentionTest, SlidingWindowIsBatchAndChunkInvariant) {
         StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90}, 13, /*window=*/70);
         const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
         EXPECT_EQ(harness.Run({{1, 89, 90}, {0, 0, 320}}, 3)[1], alone);
-        std::vector<float> chunked;
-        for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-                 {0, 50}, {50, 71}, {71, 200}, {200, 201}, {201, 320}}) {
-          const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
-          chunked.insert(chunked.end(), piece.begin(), piece.end());
-        }
-        EXPECT_EQ(chunked, alone);
+        EXPECT_EQ(harness.RunPieces(0, {{0, 50}, {50, 71}, {71, 200}, {200, 201}, {201, 320}}),
+                  alone);
       }
     }
   }
@@ -703,20 +706,12 @@ TEST_F(PagedAttentionBf16Test, IsBatchChunkAndThreadInvariant) {
         const auto batch = harness.Run({{1, 89, 90}, {0, 0, 320}, {2, 0, 300}}, threads);
         EXPECT_EQ(batch[1], alone) << threads << " threads";
       }
-      std::vector<float> pieces;
-      for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-               {0, 1}, {1, 3}, {3, 18}, {18, 71}, {71, 189}, {189, 318}, {318, 319}, {319, 320}}) {
-        const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
-        pieces.insert(pieces.end(), piece.begin(), piece.end());
-      }
-      EXPECT_EQ(pieces, alone);
-      const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
-      const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
-      std::vector<float> decoded;
-      for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
-        const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
-        decoded.insert(decoded.end(), one.begin(), one.end());
-      }
+      EXPECT_EQ(
+          harness.RunPieces(
+              0,
+              {{0, 1}, {1, 3}, {3, 18}, {18, 71}, {71, 189}, {189, 318}, {318, 319}, {319, 320}}),
+          alone);
+      const auto [verify, decoded] = harness.VerifyAndDecode(0, 200, {2, 299, 300});
       EXPECT_EQ(verify, decoded);
       StepHarness float_harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 17, window);
       EXPECT_NE(float_harness.Run({{0, 0, 320}}, 2)[0], alone);
