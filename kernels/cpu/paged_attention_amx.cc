@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "kernels/cpu/amx_tile_config.h"
@@ -53,18 +54,35 @@ constexpr int64_t kLanes = 16;  // query vectors per Q^T / P tile; head dims per
 constexpr int64_t kTileK = 32;  // BF16 values in a 64-byte tile row
 constexpr int64_t kTileValues = 16 * kTileK;  // BF16 values in a tile
 
+// 64-byte aligned storage: tile rows and vectors on whole cache lines (a row split across two
+// lines costs two).
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <typename U>
+  explicit LineAllocator(const LineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const LineAllocator&) const { return true; }
+};
+template <typename T>
+using LineVector = std::vector<T, LineAllocator<T>>;
+
 // Per-thread scratch of one tile, grown on demand.
 struct Scratch {
-  std::vector<uint16_t> qt;  // [query blocks][d steps] B tiles: row r, lane c = dims 2r, 2r+1
+  LineVector<uint16_t> qt;  // [query blocks][d steps] B tiles: row r, lane c = dims 2r, 2r+1
   // Two KV tiles' worth, this one's and the next's (StageKv):
-  std::vector<uint16_t> k[2];     // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
-  std::vector<uint16_t> v[2];     // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
-  std::vector<uint16_t> p;        // [query blocks][16][kKvTile] BF16 weights (A tiles)
-  std::vector<float> st;          // [kKvTile][qs] scores, then F32 weights (0 where masked)
-  std::vector<float> o;           // [qs][d] unnormalized outputs (the PV product's C tiles)
-  std::vector<float> m, l, corr;  // [qs]: running max, running sum, this KV tile's rescale
-  std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
-  std::vector<int32_t> lower;     // [qs]: ... and >= lower (0 without a sliding window)
+  LineVector<uint16_t> k[2];     // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
+  LineVector<uint16_t> v[2];     // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
+  LineVector<uint16_t> p;        // [query blocks][16][kKvTile] BF16 weights (A tiles)
+  LineVector<float> st;          // [kKvTile][qs] scores, then F32 weights (0 where masked)
+  LineVector<float> o;           // [qs][d] unnormalized outputs (the PV product's C tiles)
+  LineVector<float> m, l, corr;  // [qs]: running max, running sum, this KV tile's rescale
+  LineVector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
+  LineVector<int32_t> lower;     // [qs]: ... and >= lower (0 without a sliding window)
 };
 
 inline __m512 Load16(const uint16_t* p) {
@@ -278,7 +296,7 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   s.lower.resize(qs);
   // Q^T as B tiles: query vector qv = row * num_heads + head is lane qv % 16 of block qv / 16;
   // padding lanes keep zero queries and no limit.
-  uint16_t q_bf16[kMaxHeadDim + kTileK];
+  alignas(64) uint16_t q_bf16[kMaxHeadDim + kTileK];
   uint32_t* const qt = reinterpret_cast<uint32_t*>(s.qt.data());
   for (int64_t qv = 0; qv < qs; ++qv) {
     if (qv >= num_q) {
