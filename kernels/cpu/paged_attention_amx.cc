@@ -74,9 +74,8 @@ using LineVector = std::vector<T, LineAllocator<T>>;
 // Per-thread scratch of one tile, grown on demand.
 struct Scratch {
   LineVector<uint16_t> qt;  // [query blocks][d steps] B tiles: row r, lane c = dims 2r, 2r+1
-  // Two KV tiles' worth, this one's and the next's (StageKv):
-  LineVector<uint16_t> k[2];     // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
-  LineVector<uint16_t> v[2];     // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
+  LineVector<uint16_t> k;   // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
+  LineVector<uint16_t> v;   // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
   LineVector<uint16_t> p;        // [query blocks][16][kKvTile] BF16 weights (A tiles)
   LineVector<float> st;          // [kKvTile][qs] scores, then F32 weights (0 where masked)
   LineVector<float> o;           // [qs][d] unnormalized outputs (the PV product's C tiles)
@@ -138,14 +137,6 @@ void Scores(int64_t steps, int64_t d_pad, int64_t blocks, int64_t qs, const uint
   }
 }
 
-// Lanes whose limit <= position or whose lower > position take `fill`.
-inline __m512 MaskOutside(__m512 x, __m512i lower, __m512i limit, int64_t position, __m512 fill) {
-  const __m512i at = _mm512_set1_epi32(static_cast<int32_t>(position));
-  const __mmask16 valid = static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(limit, at) &
-                                                 ~_mm512_cmpgt_epi32_mask(lower, at));
-  return _mm512_mask_blend_ps(valid, fill, x);
-}
-
 // Scales and masks the scores of positions kv0 .. kv0 + n, updates each query vector's
 // running max and sum, and turns the scores into weights (0 where masked, and at positions
 // n .. kKvTile): the AVX-512 tiles' Softmax, lane for lane.
@@ -161,7 +152,7 @@ void Softmax(float scale, int64_t kv0, int64_t n, int64_t qs, int64_t blocks, Sc
     __m512 tile_max = minus_inf;
     for (int64_t j = 0; j < n; ++j) {
       __m512 x = _mm512_mul_ps(_mm512_loadu_ps(st + j * qs + lane0), scale_v);
-      if constexpr (kMasked) x = MaskOutside(x, lower, limit, kv0 + j, minus_inf);
+      if constexpr (kMasked) x = MaskOutside16(x, lower, limit, kv0 + j, minus_inf);
       _mm512_storeu_ps(st + j * qs + lane0, x);
       tile_max = _mm512_max_ps(tile_max, x);
     }
@@ -173,7 +164,7 @@ void Softmax(float scale, int64_t kv0, int64_t n, int64_t qs, int64_t blocks, Sc
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       __m512 w = Exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * qs + lane0), new_max));
-      if constexpr (kMasked) w = MaskOutside(w, lower, limit, kv0 + j, _mm512_setzero_ps());
+      if constexpr (kMasked) w = MaskOutside16(w, lower, limit, kv0 + j, _mm512_setzero_ps());
       _mm512_storeu_ps(st + j * qs + lane0, w);
       sum = _mm512_add_ps(sum, w);
     }
@@ -282,10 +273,8 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   const int64_t num_q = tile.num_rows * tile.num_heads;
   const int64_t blocks = (num_q + kLanes - 1) / kLanes, qs = blocks * kLanes;
   s.qt.assign(blocks * steps * kTileValues, 0);
-  for (int i = 0; i < 2; ++i) {
-    s.k[i].resize(kKvTile * d_pad);
-    s.v[i].resize(d / kLanes * kTileValues);
-  }
+  s.k.resize(kKvTile * d_pad);
+  s.v.resize(d / kLanes * kTileValues);
   s.p.resize(qs * kKvTile);
   s.st.resize(kKvTile * qs);
   s.o.assign(qs * d, 0.0f);
@@ -320,23 +309,17 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   const int64_t start = LowerLimit(tile, 0) / kKvTile * kKvTile;
   const int64_t last_lower = LowerLimit(tile, tile.num_rows - 1);
   LoadTileConfig(FullTileConfig());
-  // Each KV tile is staged one tile ahead: the tile loads of its K and V then read stores that
-  // have long left the store buffer (a tile load waits for overlapping stores to commit).
-  if (start < end) StageKv<E>(cache, tile, start, end, d_pad, s.k[0].data(), s.v[0].data());
-  int cur = 0;
-  for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile, cur ^= 1) {
+  for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile) {
     const int64_t n = std::min(kKvTile, end - kv0);
-    if (kv0 + kKvTile < end) {
-      StageKv<E>(cache, tile, kv0 + kKvTile, end, d_pad, s.k[cur ^ 1].data(), s.v[cur ^ 1].data());
-    }
-    Scores(steps, d_pad, blocks, qs, s.k[cur].data(), s);
+    StageKv<E>(cache, tile, kv0, end, d_pad, s.k.data(), s.v.data());
+    Scores(steps, d_pad, blocks, qs, s.k.data(), s);
     if (kv0 + kKvTile > tile.attend_len || kv0 < last_lower) {
       Softmax<true>(scale, kv0, n, qs, blocks, s);
     } else {
       Softmax<false>(scale, kv0, n, qs, blocks, s);
     }
     WeightTiles(qs, blocks, s);
-    Accumulate(d, blocks, s.v[cur].data(), s);
+    Accumulate(d, blocks, s.v.data(), s);
   }
   _tile_release();
   for (int64_t qv = 0; qv < num_q; ++qv) {

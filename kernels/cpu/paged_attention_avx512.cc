@@ -412,10 +412,7 @@ struct Avx512Vectors {
   static __m512i LoadLimit(const int32_t* p) { return _mm512_loadu_si512(p); }
   // Lanes whose limit <= position or whose lower > position take `fill`.
   static Vec MaskOutside(Vec x, __m512i lower, __m512i limit, int64_t position, Vec fill) {
-    const __m512i at = _mm512_set1_epi32(static_cast<int32_t>(position));
-    const __mmask16 valid = static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(limit, at) &
-                                                   ~_mm512_cmpgt_epi32_mask(lower, at));
-    return _mm512_mask_blend_ps(valid, fill, x);
+    return MaskOutside16(x, lower, limit, position, fill);
   }
   // r[i][j] becomes r[j][i] (vector_math_avx512.h).
   static void Transpose(Vec* r) { Transpose16x16(r); }

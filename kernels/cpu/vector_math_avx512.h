@@ -6,6 +6,8 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace loom::kernels::cpu::internal {
 
 /// e^x on 16 float lanes, within 2 ulp of the exact value over the whole float range
@@ -32,6 +34,15 @@ inline __m512 Exp512(__m512 x) {
   p = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
   // p * 2^n with IEEE overflow to Inf and gradual underflow to subnormals and zero.
   return _mm512_scalef_ps(p, n);
+}
+
+/// x with the lanes whose limit <= position or whose lower > position set to `fill`: the causal
+/// and sliding-window mask of the attention tiles (AVX-512's and AMX's).
+inline __m512 MaskOutside16(__m512 x, __m512i lower, __m512i limit, int64_t position, __m512 fill) {
+  const __m512i at = _mm512_set1_epi32(static_cast<int32_t>(position));
+  const __mmask16 valid = static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(limit, at) &
+                                                 ~_mm512_cmpgt_epi32_mask(lower, at));
+  return _mm512_mask_blend_ps(valid, fill, x);
 }
 
 /// r[i][j] becomes r[j][i] (a 16 x 16 transpose of 32-bit lanes: 4x4 within 128-bit lanes, then the
