@@ -4,15 +4,18 @@ to end, in one run (needs an AMX-BF16 CPU; exits with the reason elsewhere).
 
 The model is the default one as a BF16 GGUF (`loom quantize --format bf16`, as
 bf16_weights_bench.py makes it), so the matmuls read their tiles straight from the weights and
-attention is the rest. Three configurations of bench/engine_bench, alternating over --passes
+attention is the rest. Four configurations of bench/engine_bench, alternating over --passes
 passes, medians:
-  f32         --activations f32 (the reference speed);
-  bf16-float  --activations bf16 --bf16-attention float (the matmuls on AMX, attention in float:
-              what --activations bf16 did before);
-  bf16-amx    --activations bf16 (attention on the AMX-BF16 tiles too).
+  f32              --activations f32 (the reference speed);
+  bf16-float       --activations bf16 --bf16-attention float (the matmuls on AMX, attention in
+                   float: what --activations bf16 did before);
+  bf16-amx         --activations bf16 (attention on the AMX-BF16 tiles too, F16 KV converted
+                   per tile);
+  bf16-amx-bf16kv  --activations bf16 --kv-dtype bf16 (the tiles read K from the pool as it is).
 Figures: 512-token prefill, single-stream decode and batched decode of 16 and 64 sequences
 (engine_bench's own), and a --long-prefill-token prefill (engine_bench --only-prefill); each as
-a ratio to bf16-float's and to f32's, beside the FMA and AMX-BF16 peaks engine_bench measured.
+a ratio to bf16-float's and to f32's (BF16 KV's also to bf16-amx's), beside the FMA and
+AMX-BF16 peaks engine_bench measured.
 
   .venv/bin/python bench/bf16_attention_bench.py [--passes 3] [--long-prefill 2048]
   -> bench/results/bf16_attention_cpu.json
@@ -36,7 +39,7 @@ from provenance import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = {"f32": ("f32", ()), "bf16-float": ("bf16", ("--bf16-attention", "float")),
-           "bf16-amx": ("bf16", ())}
+           "bf16-amx": ("bf16", ()), "bf16-amx-bf16kv": ("bf16", ("--kv-dtype", "bf16"))}
 FIGURES = ("pp512", "tg", "batched_16", "batched_64", "long_prefill")
 
 
@@ -85,14 +88,22 @@ def main():
                   ", ".join(f"{f} {samples[name][f][-1]:.1f}" for f in FIGURES), flush=True)
     medians = {name: {f: statistics.median(v) for f, v in figs.items()} for name, figs in samples.items()}
     print(f"\nmedians of {args.passes} passes, tokens/s (long prefill: {args.long_prefill} tokens)")
-    print(f"{'figure':<13} {'f32':>9} {'bf16-float':>11} {'bf16-amx':>9} {'amx/float':>10} {'amx/f32':>8}")
+    print(f"{'figure':<13} {'f32':>9} {'bf16-float':>11} {'bf16-amx':>9} {'+bf16 kv':>9} "
+          f"{'amx/float':>10} {'amx/f32':>8} {'bf16kv/amx':>11} {'bf16kv/float':>13}")
     ratios = {}
     for f in FIGURES:
         m = {name: medians[name][f] for name in CONFIGS}
         ratios[f] = {"amx_vs_float_attention": m["bf16-amx"] / m["bf16-float"],
-                     "amx_vs_f32": m["bf16-amx"] / m["f32"], "float_attention_vs_f32": m["bf16-float"] / m["f32"]}
+                     "amx_vs_f32": m["bf16-amx"] / m["f32"],
+                     "float_attention_vs_f32": m["bf16-float"] / m["f32"],
+                     "bf16kv_vs_amx_f16kv": m["bf16-amx-bf16kv"] / m["bf16-amx"],
+                     "bf16kv_vs_float_attention": m["bf16-amx-bf16kv"] / m["bf16-float"],
+                     "bf16kv_vs_f32": m["bf16-amx-bf16kv"] / m["f32"]}
+        r = ratios[f]
         print(f"{f:<13} {m['f32']:>9.1f} {m['bf16-float']:>11.1f} {m['bf16-amx']:>9.1f} "
-              f"{ratios[f]['amx_vs_float_attention']:>9.2f}x {ratios[f]['amx_vs_f32']:>7.2f}x")
+              f"{m['bf16-amx-bf16kv']:>9.1f} {r['amx_vs_float_attention']:>9.2f}x "
+              f"{r['amx_vs_f32']:>7.2f}x {r['bf16kv_vs_amx_f16kv']:>10.2f}x "
+              f"{r['bf16kv_vs_float_attention']:>12.2f}x")
     result = {
         "benchmark": "bf16_attention_cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

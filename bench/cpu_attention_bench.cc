@@ -159,7 +159,7 @@ std::string Bf16Section(ThreadPool& pool, int threads, bool quick, double peak) 
         "speedup", "max |diff| vs float");
     absl::StrAppendFormat(&json, ",\n  \"amx_bf16_peak_gflops\": %.1f,\n  \"bf16\": [\n", amx_peak);
     bool first = true;
-    for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (KvDtype dtype : {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32}) {
       for (const auto& [seqs, tokens, query] :
            std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 512, 512},
                                                               {1, 2048, 2048},
@@ -185,7 +185,7 @@ std::string Bf16Section(ThreadPool& pool, int threads, bool quick, double peak) 
           max_diff = std::max(max_diff, static_cast<double>(std::fabs(float_out[i] - p.out[i])));
         }
         const double gflops = flops / bf16_s / 1e9;
-        const char* kv = dtype == KvDtype::kF16 ? "f16" : "f32";
+        const char* kv = cpu::KvDtypeName(dtype);
         const char* kind = query > 1 ? "prefill" : "decode";
         std::printf(
             "%-4s | %4lld x %-7lld | %9.3f | %9.3f %7.1f %6.3f %6.3f | %6.2fx | %.1e (%s)\n", kv,

@@ -3,7 +3,8 @@
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
 // sequences against single-stream. Writes bench/results/engine_cpu.json (engine_cpu_int8
 // with --activations int8, engine_cpu_bf16 with bf16; then the model file's stem when --model
-// is not the default; with _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g.
+// is not the default; _kv<type> for a --kv-dtype other than f16; with _<isa> appended when
+// LOOM_CPU_ISA forces the ISA, e.g.
 // LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
 //
 // usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32|bf16]
@@ -12,6 +13,8 @@
 //                     [--only-prefill N]  (just an N-token prefill, median of 3, with the
 //                                          per-token and the tiled CPU attention)
 //                     [--attention per-token]  (the CPU attention without tiles throughout)
+//                     [--bf16-attention float]  (--activations bf16's attention in float)
+//                     [--kv-dtype bf16]  (the KV cache's type, as the worker's flag; f16)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -99,6 +102,7 @@ struct Flags {
   int only_batch = 0;
   int only_prefill = 0;
   int decode_tokens = 64;
+  std::string kv_dtype = "f16";  // the worker's default
 };
 
 // Parses the command line into `flags`; the exit code when the bench must not run (the
@@ -108,10 +112,11 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
   constexpr const char* kUsage =
       "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32|bf16]\n"
       "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
-      "                    [--attention per-token|tiled] [--bf16-attention amx|float]\n";
-  static constexpr const char* kFlags[] = {"--model",         "--threads",       "--activations",
-                                           "--only-batch",    "--only-prefill",  "--attention",
-                                           "--decode-tokens", "--bf16-attention"};
+      "                    [--attention per-token|tiled] [--bf16-attention amx|float]\n"
+      "                    [--kv-dtype f16|bf16|f32|int8|fp8_e4m3]\n";
+  static constexpr const char* kFlags[] = {"--model",         "--threads",        "--activations",
+                                           "--only-batch",    "--only-prefill",   "--attention",
+                                           "--decode-tokens", "--bf16-attention", "--kv-dtype"};
   // Every argument is a known flag with a value: anything else (--help included) prints
   // the usage instead of running the whole bench and overwriting its results.
   for (int i = 1; i < argc; i += 2) {
@@ -148,6 +153,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
       loom::kernels::cpu::internal::SetAmxBf16AttentionForTesting(mode == "amx");
     }
     if (flag == "--decode-tokens") flags.decode_tokens = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--kv-dtype") flags.kv_dtype = argv[i + 1];
   }
   return std::nullopt;
 }
@@ -308,7 +314,8 @@ struct Figures {
 // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8
 // (engine_cpu_bf16.json for bf16); with _<model file stem, lower case> after it for a model
 // other than the default one (so that such a run leaves the default model's figures alone),
-// and _<isa> appended when LOOM_CPU_ISA forced it: engine_cpu_int8_default-q4_k_m_avx512.json.
+// _kv<type> for a --kv-dtype other than f16, and _<isa> appended when LOOM_CPU_ISA forced it:
+// engine_cpu_int8_default-q4_k_m_avx512.json.
 void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
                        const Figures& figures) {
   const Limits& limits = figures.limits;
@@ -319,6 +326,7 @@ void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
     result_name +=
         "_" + absl::AsciiStrToLower(std::filesystem::path(flags.model_path).stem().string());
   }
+  if (flags.kv_dtype != Flags().kv_dtype) result_name += "_kv" + flags.kv_dtype;
   if (isa_forced) result_name += std::string("_") + cpu_isa;
   loom::bench::WriteResult(
       result_name,
@@ -368,6 +376,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.activations = *precision;
+  using loom::kernels::cpu::KvDtype;
+  bool kv_known = false;
+  for (KvDtype dtype :
+       {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    if (flags.kv_dtype == loom::kernels::cpu::KvDtypeName(dtype)) {
+      options.kv_dtype = dtype;
+      kv_known = true;
+    }
+  }
+  if (!kv_known) {
+    std::fprintf(stderr, "--kv-dtype: unknown KV type '%s'\n", flags.kv_dtype.c_str());
+    return 2;
+  }
   auto model_config = loom::common::ModelConfigFromGguf(**gguf);
   auto tokenizer = loom::common::Tokenizer::FromGguf(**gguf);
   if (!model_config.ok() || !tokenizer.ok()) {

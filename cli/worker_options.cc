@@ -139,7 +139,7 @@ namespace {
 // The KV type named `name` (one of the flags' checked values; f16 otherwise).
 kernels::cpu::KvDtype KvDtypeOf(const std::string& name) {
   using kernels::cpu::KvDtype;
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
     if (name == kernels::cpu::KvDtypeName(dtype)) return dtype;
   }
   return KvDtype::kF16;
@@ -152,18 +152,24 @@ CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
   CLI::Option* option =
       app.add_option_function<std::string>(
              "--kv-dtype", [&kv_dtype](const std::string& text) { kv_dtype = KvDtypeOf(text); },
-             "the KV cache's element type: f16, f32, or int8 / fp8_e4m3 (8-bit codes and a "
-             "scale per token and KV head: a block takes 52% of f16's bytes at head dim 64, "
-             "so the pool holds 1.9x the tokens; CPU and CUDA); f32 is CPU-only")
-          ->check(OneOf({"f16", "f32", "int8", "fp8_e4m3"}))
+             "the KV cache's element type: f16, bf16 (f32's range in f16's bytes; what "
+             "--activations bf16's AMX attention reads as it is; on CUDA for BF16 models, whose "
+             "KV is bf16 anyway), f32, or int8 / fp8_e4m3 (8-bit codes and a scale per token "
+             "and KV head: a block takes 52% of f16's bytes at head dim 64, so the pool holds "
+             "1.9x the tokens; CPU and CUDA); f32 is CPU-only")
+          ->check(OneOf({"f16", "bf16", "f32", "int8", "fp8_e4m3"}))
           ->default_str(kernels::cpu::KvDtypeName(kv_dtype));
   app.add_option_function<std::string>(
          "--kv-cache-dtype",
          [&kv_dtype](const std::string& text) {
-           kv_dtype = KvDtypeOf(text == "auto" ? "f16" : text == "fp8" ? "fp8_e4m3" : text);
+           kv_dtype = KvDtypeOf(text == "auto"       ? "f16"
+                                : text == "fp8"      ? "fp8_e4m3"
+                                : text == "bfloat16" ? "bf16"
+                                                     : text);
          },
-         "vLLM's name for --kv-dtype: auto (f16), fp8 (= fp8_e4m3), fp8_e4m3 or int8")
-      ->check(OneOf({"auto", "fp8", "fp8_e4m3", "int8"}))
+         "vLLM's name for --kv-dtype: auto (f16 on the CPU; CUDA keeps a BF16 model's KV in "
+         "bf16), bfloat16 (= bf16), fp8 (= fp8_e4m3), fp8_e4m3 or int8")
+      ->check(OneOf({"auto", "bfloat16", "fp8", "fp8_e4m3", "int8"}))
       ->default_str("auto")
       ->excludes(option);
   return option;

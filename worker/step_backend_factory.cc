@@ -91,6 +91,14 @@ absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBacken
     case kernels::cpu::KvDtype::kF32:
       return absl::InvalidArgumentError(
           "--kv-dtype f32 is CPU-only (the CUDA kernels read f16, int8 or fp8_e4m3 KV)");
+    case kernels::cpu::KvDtype::kBf16:
+      if (cuda_options.dtype != kernels::cuda::DataType::kBF16) {
+        return absl::InvalidArgumentError(
+            "--kv-dtype bf16 on CUDA needs a BF16 model: the CUDA KV cache takes the model's "
+            "compute type (bf16 for BF16 weights, f16 otherwise); use --kv-dtype f16 or "
+            "--device cpu");
+      }
+      break;
     default:
       break;
   }

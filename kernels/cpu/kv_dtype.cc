@@ -51,6 +51,8 @@ const char* KvDtypeName(KvDtype dtype) {
   switch (dtype) {
     case KvDtype::kF16:
       return "f16";
+    case KvDtype::kBf16:
+      return "bf16";
     case KvDtype::kF32:
       return "f32";
     case KvDtype::kInt8:

@@ -6,7 +6,11 @@
 
 namespace loom::kernels::cpu {
 
-/// Element type of the KV cache. The 8-bit types (--kv-cache-dtype int8|fp8_e4m3) store
+/// Element type of the KV cache. F16 is the default (vLLM's `auto` for F16 models); BF16
+/// (--kv-dtype bf16, vLLM's `--kv-cache-dtype bfloat16`) keeps F32's exponent range in the
+/// same two bytes (a BF16 model's keys are not bounded by F16's 65504) and is what the AMX
+/// attention of --activations bf16 reads without converting (paged_attention_amx.cc); rows are
+/// rounded to nearest even (FloatToBf16). The 8-bit types (--kv-cache-dtype int8|fp8_e4m3) store
 /// each token's K (and V) row of one KV head as head_dim 8-bit codes and one scale, value
 /// = code x scale: int8 is symmetric (scale = max|x| / 127), fp8_e4m3 is OCP E4M3FN (scale
 /// = max|x| / 448). The scale is BF16 (2 bytes: a 64-wide head stores 66 bytes where F16
@@ -18,7 +22,7 @@ namespace loom::kernels::cpu {
 /// kernels' invariance (a token's attention never depends on how its prompt was split)
 /// holds for 8-bit KV too. A block-wide scale would change earlier tokens' codes when a
 /// later token raised the block's maximum.
-enum class KvDtype { kF16, kF32, kInt8, kFp8E4m3 };
+enum class KvDtype { kF16, kF32, kInt8, kFp8E4m3, kBf16 };
 
 constexpr bool IsQuantizedKv(KvDtype dtype) {
   return dtype == KvDtype::kInt8 || dtype == KvDtype::kFp8E4m3;
@@ -28,6 +32,7 @@ constexpr bool IsQuantizedKv(KvDtype dtype) {
 constexpr int64_t KvElementBytes(KvDtype dtype) {
   switch (dtype) {
     case KvDtype::kF16:
+    case KvDtype::kBf16:
       return 2;
     case KvDtype::kF32:
       return 4;
@@ -36,10 +41,10 @@ constexpr int64_t KvElementBytes(KvDtype dtype) {
   }
 }
 
-/// Bytes of the scale each token's row of one KV head carries (0 for F16/F32).
+/// Bytes of the scale each token's row of one KV head carries (0 for F16/BF16/F32).
 inline int64_t KvScaleBytes(KvDtype dtype) { return IsQuantizedKv(dtype) ? 2 : 0; }
 
-/// "f16", "f32", "int8", "fp8_e4m3" (the flag values).
+/// "f16", "bf16", "f32", "int8", "fp8_e4m3" (the flag values).
 const char* KvDtypeName(KvDtype dtype);
 
 /// Largest finite FP8 E4M3FN magnitude.

@@ -111,6 +111,8 @@ inline float LoadKv(const void* base, const uint16_t* scales, const KvLayerView&
   switch (cache.dtype) {
     case KvDtype::kF16:
       return internal::HalfToFloat(static_cast<const uint16_t*>(base)[index]);
+    case KvDtype::kBf16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(base)[index]);
     case KvDtype::kF32:
       return static_cast<const float*>(base)[index];
     default:
@@ -127,6 +129,10 @@ bool SimdEnabled() {
 
 void FloatToHalfScalar(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+void FloatToBf16Scalar(const float* src, int64_t count, uint16_t* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = FloatToBf16(src[i]);
 }
 
 // RotateKvRow on `count` rows of n floats (AVX2 where the CPU has it: the same bits).
@@ -279,18 +285,19 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
   }
   const int64_t row = cache.num_kv_heads * cache.head_dim;
   static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
-  const auto to_half = SimdEnabled() ? internal::FloatToHalfAvx512
-                       : avx2 && attention_simd.load(std::memory_order_relaxed)
-                           ? internal::FloatToHalfAvx2
-                           : FloatToHalfScalar;
+  const bool simd = attention_simd.load(std::memory_order_relaxed);
+  const auto to_16bit = cache.dtype == KvDtype::kBf16
+                            ? (avx2 && simd ? internal::FloatToBf16Avx2 : FloatToBf16Scalar)
+                        : SimdEnabled() ? internal::FloatToHalfAvx512
+                        : avx2 && simd  ? internal::FloatToHalfAvx2
+                                        : FloatToHalfScalar;
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t offset = static_cast<int64_t>(slots[t]) * row;
     if (IsQuantizedKv(cache.dtype)) {
       const int64_t d = cache.head_dim;
       const bool rotate = RotatesKv(cache.dtype, d);
-      const auto quantize = avx2 && d % 8 == 0 && attention_simd.load(std::memory_order_relaxed)
-                                ? internal::QuantizeKvRowAvx2
-                                : QuantizeKvRow;
+      const auto quantize =
+          avx2 && d % 8 == 0 && simd ? internal::QuantizeKvRowAvx2 : QuantizeKvRow;
       float rotated[internal::kMaxHeadDim];
       for (int64_t h = 0; h < cache.num_kv_heads; ++h) {
         const int64_t head = static_cast<int64_t>(slots[t]) * cache.num_kv_heads + h;
@@ -311,8 +318,8 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.k) + offset);
       if (!shared) std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.v) + offset);
     } else {
-      to_half(k + t * row, row, static_cast<uint16_t*>(cache.k) + offset);
-      if (!shared) to_half(v + t * row, row, static_cast<uint16_t*>(cache.v) + offset);
+      to_16bit(k + t * row, row, static_cast<uint16_t*>(cache.k) + offset);
+      if (!shared) to_16bit(v + t * row, row, static_cast<uint16_t*>(cache.v) + offset);
     }
   }
   return absl::OkStatus();
@@ -331,7 +338,8 @@ void SetAmxBf16AttentionForTesting(bool enabled) {
 bool RunsAmxBf16Tiles(const PagedAttentionParams& p) {
   return p.activations == ActivationPrecision::kBf16 &&
          amx_bf16_attention.load(std::memory_order_relaxed) && p.softcap <= 0.0f &&
-         (p.cache.dtype == KvDtype::kF16 || p.cache.dtype == KvDtype::kF32) &&
+         (p.cache.dtype == KvDtype::kF16 || p.cache.dtype == KvDtype::kBf16 ||
+          p.cache.dtype == KvDtype::kF32) &&
          p.cache.head_dim % 16 == 0 && p.cache.v != p.cache.k;
 }
 

@@ -67,7 +67,7 @@ struct PagedAttentionParams {
   // which sum to less than 1. nullptr: none.
   const float* sinks = nullptr;
   // kBf16 (--activations bf16): the queries, keys, values and softmax weights enter the two
-  // products rounded to BF16, on AMX tiles (paged_attention_amx.cc), for F16 and F32 KV,
+  // products rounded to BF16, on AMX tiles (paged_attention_amx.cc), for F16, BF16 and F32 KV,
   // head dims a multiple of 16 and separate K and V pools without soft-capping; elsewhere
   // (8-bit KV, latent attention's shared pool, Gemma 2's capped scores) and for kF32 / kInt8,
   // float arithmetic throughout. FailedPrecondition where AMX-BF16 is not available

@@ -13,13 +13,16 @@
 //
 // How, per tile (up to 64 query vectors: rows of one sequence x the query heads of one KV head,
 // as the AVX-512 tiles cut them), KV_TILE = 32 positions at a time:
-//   S^T = K Q^T   A = the positions' K rows as BF16 (the cache's own layout, converted per KV
-//                 tile; 16 positions an A tile), B = Q^T as B tiles (built once per tile, 16
-//                 query vectors a tile): scores come out with query vectors in lanes, so the
-//                 softmax runs lane-wise as the AVX-512 tiles' does, without horizontal sums;
+//   S^T = K Q^T   A = the positions' K rows as BF16 (the cache's own layout: converted per KV
+//                 tile from F16 / F32, loaded from the pool as they are from a BF16 cache whose
+//                 rows fill whole tile rows (DirectK); 16 positions an A tile), B = Q^T as B
+//                 tiles (built once per tile, 16 query vectors a tile): scores come out with
+//                 query vectors in lanes, so the softmax runs lane-wise as the AVX-512 tiles'
+//                 does, without horizontal sums;
 //   O = O c + P V A = the weights P as 16 query vectors x 32 positions (the score rows turned
 //                 into B-layout pairs, then one 16 x 16 transpose of 32-bit pairs), B = V as B
-//                 tiles (two positions' rows interleaved, 16 head dims a tile); O, rescaled by
+//                 tiles (two positions' rows interleaved: converted, or from BF16 only
+//                 interleaved, 16 head dims a tile); O, rescaled by
 //                 c in memory, is the C tile the product accumulates into.
 // KV tiles start at multiples of 32, at the one holding the tile's first position.
 //
@@ -38,6 +41,8 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/amx_tile_config.h"
@@ -74,7 +79,8 @@ using LineVector = std::vector<T, LineAllocator<T>>;
 // Per-thread scratch of one tile, grown on demand.
 struct Scratch {
   LineVector<uint16_t> qt;  // [query blocks][d steps] B tiles: row r, lane c = dims 2r, 2r+1
-  LineVector<uint16_t> k;   // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
+  LineVector<uint16_t> k;   // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero;
+                            // zeros (the A tile past the end) where DirectK
   LineVector<uint16_t> v;   // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
   LineVector<uint16_t> p;        // [query blocks][16][kKvTile] BF16 weights (A tiles)
   LineVector<float> st;          // [kKvTile][qs] scores, then F32 weights (0 where masked)
@@ -84,6 +90,7 @@ struct Scratch {
   LineVector<int32_t> lower;     // [qs]: ... and >= lower (0 without a sliding window)
 };
 
+// The pool element types: F16 (uint16_t), F32 and BF16 (Bf16Bits, taken as they are).
 inline __m512 Load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -100,13 +107,38 @@ void RowToBf16(const E* src, int64_t count, uint16_t* dst) {
     _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
   }
 }
+void RowToBf16(const Bf16Bits* src, int64_t count, uint16_t* dst) {
+  std::memcpy(dst, src, count * sizeof(uint16_t));
+  if (count % kTileK != 0) std::fill(dst + count, dst + count + kLanes, uint16_t{0});
+}
 
-// S^T[j][qv] = k_j . q_qv (BF16 products, F32 sums) for the 32 positions of `k` and every query
-// block, two query blocks at a time: C tiles tmm0-3 (positions 0-15 / 16-31 x two blocks), K in
+// A V tile's B-tile row for head dims i .. i + 16 of two positions' rows (nullptr: past the
+// tile's end, zeros): lane c holds dim i + c of `even` and of `odd` as BF16.
+template <typename E>
+__m512i PairedV(const E* even, const E* odd, int64_t i) {
+  return PairUp(even != nullptr ? Load16(even + i) : _mm512_setzero_ps(),
+                odd != nullptr ? Load16(odd + i) : _mm512_setzero_ps());
+}
+__m512i PairedV(const Bf16Bits* even, const Bf16Bits* odd, int64_t i) {
+  // permutex2var_epi16(a, idx, b): index bit 5 picks b.
+  const __m512i interleave =
+      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const auto load = [i](const Bf16Bits* row) {
+    return row != nullptr ? _mm512_castsi256_si512(
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i)))
+                          : _mm512_setzero_si512();
+  };
+  return _mm512_permutex2var_epi16(load(even), interleave, load(odd));
+}
+
+// S^T[j][qv] = k_j . q_qv (BF16 products, F32 sums) for the 32 positions of the two K A tiles
+// (`k_lo`: positions 0-15, `k_hi`: 16-31, rows the strides' bytes apart) and every query block,
+// two query blocks at a time: C tiles tmm0-3 (positions 0-15 / 16-31 x two blocks), K in
 // tmm4-5, Q^T in tmm6-7. GCC pastes tile numbers into the assembly: literals only.
-void Scores(int64_t steps, int64_t d_pad, int64_t blocks, int64_t qs, const uint16_t* k,
-            Scratch& s) {
-  const int64_t k_stride = d_pad * 2, st_stride = qs * 4;
+void Scores(int64_t steps, int64_t blocks, int64_t qs, const uint16_t* k_lo, int64_t lo_stride,
+            const uint16_t* k_hi, int64_t hi_stride, Scratch& s) {
+  const int64_t st_stride = qs * 4;
   float* const st = s.st.data();
   for (int64_t b = 0; b < blocks; b += 2) {
     const bool two = b + 1 < blocks;
@@ -117,8 +149,8 @@ void Scores(int64_t steps, int64_t d_pad, int64_t blocks, int64_t qs, const uint
       _tile_zero(3);
     }
     for (int64_t t = 0; t < steps; ++t) {
-      _tile_loadd(4, k + t * kTileK, k_stride);
-      _tile_loadd(5, k + kLanes * d_pad + t * kTileK, k_stride);
+      _tile_loadd(4, k_lo + t * kTileK, lo_stride);
+      _tile_loadd(5, k_hi + t * kTileK, hi_stride);
       _tile_loadd(6, s.qt.data() + (b * steps + t) * kTileValues, 64);
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 5, 6);
@@ -227,10 +259,11 @@ void Accumulate(int64_t d, int64_t blocks, const uint16_t* v, Scratch& s) {
   }
 }
 
-// The KV tile at kv0 (its positions before `end`) as BF16 A tiles of K (zero rows past `end`)
-// and B tiles of V (zero values past `end`: their weights are 0, and 0 x a stale row of the
-// pool could be NaN); the rows of the tile after it asked into L2 (their blocks are scattered,
-// which hardware prefetchers do not follow).
+// The KV tile at kv0 (its positions before `end`) as BF16 A tiles of K (zero rows past `end`;
+// `k` nullptr: K is read from the pool, DirectK) and B tiles of V (zero values past `end`:
+// their weights are 0, and 0 x a stale row of the pool could be NaN); the rows of the tile
+// after it asked into L2 (their blocks are scattered, which hardware prefetchers do not
+// follow).
 template <typename E>
 void StageKv(const KvLayerView& cache, const AttentionTask& tile, int64_t kv0, int64_t end,
              int64_t d_pad, uint16_t* k, uint16_t* v) {
@@ -244,17 +277,14 @@ void StageKv(const KvLayerView& cache, const AttentionTask& tile, int64_t kv0, i
   const int64_t n = std::min(kKvTile, end - kv0);
   const E* v_src[kKvTile] = {};
   for (int64_t j = 0; j < n; ++j) {
-    RowToBf16(k_pool + element(kv0 + j), d, k + j * d_pad);
+    if (k != nullptr) RowToBf16(k_pool + element(kv0 + j), d, k + j * d_pad);
     v_src[j] = v_pool + element(kv0 + j);
   }
-  if (n < kKvTile) std::fill(k + n * d_pad, k + kKvTile * d_pad, uint16_t{0});
+  if (k != nullptr && n < kKvTile) std::fill(k + n * d_pad, k + kKvTile * d_pad, uint16_t{0});
   for (int64_t r = 0; r < kKvTile / 2; ++r) {
-    const E* even = v_src[2 * r];
-    const E* odd = v_src[2 * r + 1];
     for (int64_t i = 0; i < d; i += kLanes) {
-      const __m512 e = even != nullptr ? Load16(even + i) : _mm512_setzero_ps();
-      const __m512 o = odd != nullptr ? Load16(odd + i) : _mm512_setzero_ps();
-      _mm512_storeu_si512(v + i / kLanes * kTileValues + r * kTileK, PairUp(e, o));
+      _mm512_storeu_si512(v + i / kLanes * kTileValues + r * kTileK,
+                          PairedV(v_src[2 * r], v_src[2 * r + 1], i));
     }
   }
   for (int64_t pos = kv0 + kKvTile; pos < std::min(end, kv0 + 2 * kKvTile); ++pos) {
@@ -263,6 +293,17 @@ void StageKv(const KvLayerView& cache, const AttentionTask& tile, int64_t kv0, i
       __builtin_prefetch(reinterpret_cast<const char*>(v_pool + element(pos)) + byte, 0, 2);
     }
   }
+}
+
+// Whether K's A tiles load straight from a pool of element E: BF16 rows a whole number of
+// tile rows wide (no padding), and blocks of whole 16-position A tiles (a tile's rows are
+// consecutive slots of one block, kv_row elements apart). Rows past a tile's end are then the
+// pool's stale slots, not zeros: their scores are masked (Softmax<true>) and only padding
+// lanes, whose outputs are dropped, see them unmasked.
+template <typename E>
+bool DirectK(const KvLayerView& cache) {
+  return std::is_same_v<E, Bf16Bits> && cache.head_dim % kTileK == 0 &&
+         cache.block_size % kLanes == 0;
 }
 
 template <typename E>
@@ -308,11 +349,27 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   const int64_t end = tile.attend_len + tile.num_rows - 1;  // the last row's limit
   const int64_t start = LowerLimit(tile, 0) / kKvTile * kKvTile;
   const int64_t last_lower = LowerLimit(tile, tile.num_rows - 1);
+  const bool direct = DirectK<E>(cache);
+  if (direct) std::fill(s.k.begin(), s.k.end(), uint16_t{0});  // the A tile past `end`
+  const int64_t kv_row = cache.num_kv_heads * d, bs = cache.block_size;
   LoadTileConfig(FullTileConfig());
   for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile) {
     const int64_t n = std::min(kKvTile, end - kv0);
-    StageKv<E>(cache, tile, kv0, end, d_pad, s.k.data(), s.v.data());
-    Scores(steps, d_pad, blocks, qs, s.k.data(), s);
+    StageKv<E>(cache, tile, kv0, end, d_pad, direct ? nullptr : s.k.data(), s.v.data());
+    if (direct) {
+      // The A tile of 16 positions from `pos`: in the pool (rows kv_row apart), or zeros.
+      const auto a_tile = [&](int64_t pos) -> std::pair<const uint16_t*, int64_t> {
+        if (pos >= end) return {s.k.data(), d_pad * 2};
+        const int64_t slot = static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs;
+        return {&static_cast<const Bf16Bits*>(cache.k)[slot * kv_row + tile.kv_head * d].bits,
+                kv_row * 2};
+      };
+      const auto [lo, lo_stride] = a_tile(kv0);
+      const auto [hi, hi_stride] = a_tile(kv0 + kLanes);
+      Scores(steps, blocks, qs, lo, lo_stride, hi, hi_stride, s);
+    } else {
+      Scores(steps, blocks, qs, s.k.data(), d_pad * 2, s.k.data() + kLanes * d_pad, d_pad * 2, s);
+    }
     if (kv0 + kKvTile > tile.attend_len || kv0 < last_lower) {
       Softmax<true>(scale, kv0, n, qs, blocks, s);
     } else {
@@ -337,6 +394,8 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
 void AttendTileAmxBf16(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   if (cache.dtype == KvDtype::kF16) {
     Run<uint16_t>(cache, scale, tile);
+  } else if (cache.dtype == KvDtype::kBf16) {
+    Run<Bf16Bits>(cache, scale, tile);
   } else {
     Run<float>(cache, scale, tile);
   }

@@ -32,12 +32,20 @@ inline __m256 Fp8ToFloat8(const void* p) {
       _mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xbfff))));
 }
 
+// 8 BF16 values as float (exact: the bits become the high half of each lane).
+inline __m256 Bf16ToFloat8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
 // Elements [index, index + 8) of a K or V pool as float (8-bit codes unscaled).
 template <KvDtype kDtype>
 inline __m256 Load8(const void* base, int64_t index) {
   if constexpr (kDtype == KvDtype::kF16) {
     return _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + index)));
+  } else if constexpr (kDtype == KvDtype::kBf16) {
+    return Bf16ToFloat8(static_cast<const uint16_t*>(base) + index);
   } else if constexpr (kDtype == KvDtype::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + index);
   } else if constexpr (kDtype == KvDtype::kInt8) {
@@ -189,6 +197,7 @@ struct Avx2Vectors {
   static Vec LoadHalf(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static Vec LoadBf16(const uint16_t* p) { return Bf16ToFloat8(p); }
   static Vec LoadInt8(const int8_t* p) { return Int8ToFloat8(p); }
   static Vec LoadFp8(const uint8_t* p) { return Fp8ToFloat8(p); }
 };
@@ -287,6 +296,31 @@ void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, ui
         dtype == KvDtype::kInt8 ? _mm_packs_epi16(words, words) : _mm_packus_epi16(words, words);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), bytes);
   }
+}
+
+void FloatToBf16Avx2(const float* src, int64_t count, uint16_t* dst) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  const __m256i zero = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i high = _mm256_srli_epi32(bits, 16);
+    // Nearest even: add 0x7fff plus the kept part's lowest bit, keep the high half.
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                _mm256_and_si256(high, _mm256_set1_epi32(1)))),
+        16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, abs_mask), exponent);
+    const __m256i subnormal = _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), zero);
+    __m256i out = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+    out = _mm256_blendv_epi8(out, _mm256_and_si256(high, _mm256_set1_epi32(0x8000)), subnormal);
+    // Lanes hold values <= 0xffff, so the unsigned saturating pack keeps them; it interleaves
+    // 128-bit halves, which the permute puts back in order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(out, out), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < count; ++i) dst[i] = FloatToBf16(src[i]);
 }
 
 void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst) {

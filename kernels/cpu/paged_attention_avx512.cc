@@ -27,6 +27,11 @@ inline __m512 Fp8ToFloat16(__m128i codes) {
       _mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(static_cast<short>(0xbfff))));
 }
 
+// 16 BF16 values as float (exact: the bits become the high half of each lane).
+inline __m512 Bf16ToFloat16(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
 template <KvDtype kDtype>
 inline constexpr bool kQuantized = IsQuantizedKv(kDtype);
 
@@ -35,6 +40,9 @@ template <KvDtype kDtype>
 inline __m512 LoadRow(const void* base, int64_t index, __mmask16 mask) {
   if constexpr (kDtype == KvDtype::kF16) {
     return _mm512_cvtph_ps(
+        _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + index));
+  } else if constexpr (kDtype == KvDtype::kBf16) {
+    return Bf16ToFloat16(
         _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + index));
   } else if constexpr (kDtype == KvDtype::kF32) {
     return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + index);
@@ -418,6 +426,9 @@ struct Avx512Vectors {
   static void Transpose(Vec* r) { Transpose16x16(r); }
   static Vec LoadHalf(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static Vec LoadBf16(const uint16_t* p) {
+    return Bf16ToFloat16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static Vec LoadInt8(const int8_t* p) {
     return _mm512_cvtepi32_ps(

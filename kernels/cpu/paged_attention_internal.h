@@ -34,6 +34,13 @@ inline int64_t MaxTaskHeads(int64_t head_dim) {
 /// K/V row be loaded (and converted from F16) once for all of them. The unit of work of
 /// the per-token kernels (more than one row only for AttendAvx512, TaskRows, whose rows
 /// give the bits one-row tasks give) and of the tiles (TileRows, paged_attention_tiled.h).
+/// A BF16 pool's element: a type of its own, so that the kernels' per-element-type overloads
+/// tell it from F16's uint16_t.
+struct Bf16Bits {
+  uint16_t bits;
+};
+static_assert(sizeof(Bf16Bits) == 2);
+
 struct AttentionTask {
   const float* q = nullptr;         // row 0: [num_heads, head_dim]; row r at q + r * token_stride
   float* out = nullptr;             // the same layout as q
@@ -110,6 +117,8 @@ void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task
 void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
 /// The same with AVX2's F16C conversions.
 void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst);
+/// dst[i] = FloatToBf16(src[i]) (half.h) for i < count, bit for bit, in AVX2 integer lanes.
+void FloatToBf16Avx2(const float* src, int64_t count, uint16_t* dst);
 
 /// RotateKvRow (kv_dtype.h) on `count` rows of n floats each, n a power of two >= 8, with
 /// AVX2 + FMA: the same additions and subtractions in the same order, so the same bits.
@@ -125,6 +134,8 @@ void WithKvDtype(KvDtype dtype, F&& f) {
   switch (dtype) {
     case KvDtype::kF16:
       return f(std::integral_constant<KvDtype, KvDtype::kF16>{});
+    case KvDtype::kBf16:
+      return f(std::integral_constant<KvDtype, KvDtype::kBf16>{});
     case KvDtype::kF32:
       return f(std::integral_constant<KvDtype, KvDtype::kF32>{});
     case KvDtype::kInt8:

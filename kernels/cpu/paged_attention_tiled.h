@@ -53,7 +53,7 @@ struct Scratch {
   std::vector<float> qt;    // [head_dim][qs]: the queries, transposed
   std::vector<float> p;     // [kv_tile][qs]: scores, then softmax weights
   std::vector<float> o;     // [num_q][head_dim]: unnormalized outputs
-  std::vector<float> kv;    // [2][kv_tile][head_dim]: F16 K and V rows as float
+  std::vector<float> kv;    // [2][kv_tile][head_dim]: 16-bit or 8-bit K and V rows as float
   std::vector<float> zero;  // [head_dim] zeros: the K row of a position past the tile's end
   std::vector<float> m, l, corr;  // [qs]: running max, running sum, this tile's rescale
   std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
@@ -63,11 +63,11 @@ struct Scratch {
 };
 
 /// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
-/// LoadHalf (F16 to float), LoadInt8, LoadFp8 (8-bit codes to float, see KvDecodeFactor), Store,
-/// Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max (the second operand where
-/// either is NaN), Exp, and MaskOutside(x, lower, limit, position, fill): lanes whose limit <=
-/// position or whose lower > position take fill. kQkVecs x kQkPositions accumulators for S,
-/// kPvQueries x kPvVecs for O.
+/// LoadHalf (F16 to float), LoadBf16, LoadInt8, LoadFp8 (8-bit codes to float, see KvDecodeFactor),
+/// Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max (the second operand where either
+/// is NaN), Exp, and MaskOutside(x, lower, limit, position, fill): lanes whose limit <= position or
+/// whose lower > position take fill. kQkVecs x kQkPositions accumulators for S, kPvQueries x
+/// kPvVecs for O.
 template <class V, KvDtype kDtype>
 class TileKernel {
  public:
@@ -79,8 +79,10 @@ class TileKernel {
   static constexpr int kMaxFew = kLanes / 2;
   using Element = std::conditional_t<
       kDtype == KvDtype::kF16, uint16_t,
-      std::conditional_t<kDtype == KvDtype::kF32, float,
-                         std::conditional_t<kDtype == KvDtype::kInt8, int8_t, uint8_t>>>;
+      std::conditional_t<
+          kDtype == KvDtype::kBf16, Bf16Bits,
+          std::conditional_t<kDtype == KvDtype::kF32, float,
+                             std::conditional_t<kDtype == KvDtype::kInt8, int8_t, uint8_t>>>>;
   static constexpr int64_t kElementBytes = sizeof(Element);
 
   static void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
@@ -222,6 +224,7 @@ class TileKernel {
   // A cache row's vector as float: F16 converts exactly.
   static Vec LoadRow(const float* p) { return V::Load(p); }
   static Vec LoadRow(const uint16_t* p) { return V::LoadHalf(p); }
+  static Vec LoadRow(const Bf16Bits* p) { return V::LoadBf16(&p->bits); }
   // 8-bit codes: exact, the scale applied outside (see the file comment).
   static Vec LoadRow(const int8_t* p) { return V::LoadInt8(p); }
   static Vec LoadRow(const uint8_t* p) { return V::LoadFp8(p); }

@@ -16,6 +16,8 @@
 // 0.00023, FP8 1.0005 / 0.0045; teacher-forced greedy agreement INT8 99.6%, FP8 98.9%.
 // Before K and V were rotated (kv_dtype.h's RotatesKv), FP8 was 1.0092 / 0.0067 here and
 // 1.0133 on AVX2, over the bar; other tutorial pages give FP8 1.006-1.009.
+// BF16 KV (--kv-dtype bf16: 8 mantissa bits to F16's 11, F32's range) is held to the same
+// test with bars of +0.2% and 0.0005 nats; measured 1.0003 / 0.00004 (AVX-512).
 
 #include <gtest/gtest.h>
 
@@ -26,6 +28,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/local_engine.h"
@@ -136,8 +139,10 @@ TEST_F(KvCacheDtypeAccuracyTest, PerplexityAndKlDivergenceStayWithinTheBars) {
   const std::vector<int32_t> tokens = tokenizer_->Encode(*text_, false, false);
   ASSERT_GE(static_cast<int64_t>(tokens.size()), kWindow * kWindows);
   auto f16 = NewForwardPass(KvDtype::kF16, kWindow / kBlockSize);
-  for (const auto& [dtype, max_ratio] : std::vector<std::pair<KvDtype, double>>{
-           {KvDtype::kInt8, 1.005}, {KvDtype::kFp8E4m3, 1.01}}) {
+  for (const auto& [dtype, max_ratio, max_kl] :
+       std::vector<std::tuple<KvDtype, double, double>>{{KvDtype::kInt8, 1.005, 0.01},
+                                                        {KvDtype::kFp8E4m3, 1.01, 0.01},
+                                                        {KvDtype::kBf16, 1.002, 0.0005}}) {
     auto quantized = NewForwardPass(dtype, kWindow / kBlockSize);
     double nll_f16 = 0, nll_q = 0, kl = 0;
     int64_t scored = 0;
@@ -163,8 +168,8 @@ TEST_F(KvCacheDtypeAccuracyTest, PerplexityAndKlDivergenceStayWithinTheBars) {
                 kernels::cpu::KvDtypeName(dtype), std::exp(nll_q / scored),
                 std::exp(nll_f16 / scored), ratio, mean_kl, static_cast<long long>(scored));
     EXPECT_LE(ratio, max_ratio) << kernels::cpu::KvDtypeName(dtype);
-    EXPECT_LE(mean_kl, 0.01) << kernels::cpu::KvDtypeName(dtype);
-    EXPECT_GT(mean_kl, 0.0) << "the 8-bit cache changed nothing: is it used at all?";
+    EXPECT_LE(mean_kl, max_kl) << kernels::cpu::KvDtypeName(dtype);
+    EXPECT_GT(mean_kl, 0.0) << "the cache type changed nothing: is it used at all?";
   }
 }
 

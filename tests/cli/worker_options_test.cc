@@ -160,13 +160,15 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--frobnicate", "1"}).ok());
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator"}).ok());  // missing value
   const auto status =
-      Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bf16"}).status();
+      Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bfloat16"}).status();
   EXPECT_NE(status.message().find("--kv-dtype"), std::string::npos) << status;
-  // The 8-bit KV types under either name; vLLM's flag takes vLLM's values only, and the two
-  // flags exclude each other.
+  // BF16 and the 8-bit KV types under either name; vLLM's flag takes vLLM's values only, and
+  // the two flags exclude each other.
   for (const auto& [flag, value, dtype] :
        std::vector<std::tuple<std::string, std::string, kernels::cpu::KvDtype>>{
            {"--kv-dtype", "int8", kernels::cpu::KvDtype::kInt8},
+           {"--kv-dtype", "bf16", kernels::cpu::KvDtype::kBf16},
+           {"--kv-cache-dtype", "bfloat16", kernels::cpu::KvDtype::kBf16},
            {"--kv-dtype", "fp8_e4m3", kernels::cpu::KvDtype::kFp8E4m3},
            {"--kv-cache-dtype", "fp8", kernels::cpu::KvDtype::kFp8E4m3},
            {"--kv-cache-dtype", "fp8_e4m3", kernels::cpu::KvDtype::kFp8E4m3},

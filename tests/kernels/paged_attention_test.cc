@@ -27,7 +27,8 @@ namespace {
 constexpr double kTol = 2e-5;
 
 // Every KV element type the kernels take.
-constexpr KvDtype kAllDtypes[] = {KvDtype::kF16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3};
+constexpr KvDtype kAllDtypes[] = {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8,
+                                  KvDtype::kFp8E4m3};
 
 // A K/V pool of `dtype` (with its scales for the 8-bit types) and its view.
 struct TestPool {
@@ -240,7 +241,7 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
   }
   const int64_t num_tokens = query_start.back();
 
-  // A pool of NaNs (F16, F32 and E4M3 codes 0x7f; NaN scales for the 8-bit types), as a
+  // A pool of NaNs (F16, BF16, F32 and E4M3 codes 0x7f; NaN scales for the 8-bit types), as a
   // reused pool may hold, then every sequence's tokens written through WriteKv: a slot no
   // query attends (block tails, spare blocks) must not reach an output, not even with a
   // weight of 0.
@@ -252,8 +253,8 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
   for (int64_t i = 0; i < pool_elems; ++i) {
     for (std::vector<uint8_t>* pool : {&test_pool.k, &test_pool.v}) {
       uint8_t* dst = pool->data() + i * elem_bytes;
-      if (c.dtype == KvDtype::kF16) {
-        const uint16_t h = 0x7e00;
+      if (c.dtype == KvDtype::kF16 || c.dtype == KvDtype::kBf16) {
+        const uint16_t h = c.dtype == KvDtype::kF16 ? 0x7e00 : 0x7fc0;
         std::memcpy(dst, &h, 2);
       } else if (c.dtype == KvDtype::kF32) {
         std::memcpy(dst, &nan, 4);
@@ -281,6 +282,9 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
     if (c.dtype == KvDtype::kF16) {
       EXPECT_EQ(reinterpret_cast<const uint16_t*>(test_pool.k.data())[index],
                 FloatToHalf(k[pos * kv_row + i]));
+    } else if (c.dtype == KvDtype::kBf16) {
+      EXPECT_EQ(reinterpret_cast<const uint16_t*>(test_pool.k.data())[index],
+                FloatToBf16(k[pos * kv_row + i]));
     } else if (c.dtype == KvDtype::kF32) {
       EXPECT_EQ(reinterpret_cast<const float*>(test_pool.v.data())[index], v[pos * kv_row + i]);
     } else {
@@ -442,8 +446,9 @@ TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
     for (KvDtype dtype : kAllDtypes) {
       internal::SetTileModeForTesting(mode);
       for (int64_t block_size : {16, 32}) {
-        // The 8-bit types at one block size (the reference's time; block edges are the same code).
-        if (IsQuantizedKv(dtype) && block_size == 16) continue;
+        // The 8-bit types and BF16 at one block size (the reference's time; block edges are
+        // the same code, and BF16 is F16's with another load).
+        if ((IsQuantizedKv(dtype) || dtype == KvDtype::kBf16) && block_size == 16) continue;
         // SmolLM2-135M's shape: 9 heads on 3 KV heads, head dim 64.
         RunCase({dtype, block_size, 3, 3, 64, {{400, 400}, {1, 1}, {3000, 21}, {77, 3}}}, ++seed);
         // Llama-3-8B's group of 8, head dim 128: a chunk at the end of a long context.
@@ -466,6 +471,7 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
       for (const auto& [kv_heads, group, head_dim] :
            std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
+        if (dtype == KvDtype::kBf16 && head_dim != 64) continue;  // F16's code, another load
         SCOPED_TRACE(testing::Message()
                      << "dtype " << KvDtypeName(dtype) << " kv_heads " << kv_heads << " group "
                      << group << " head_dim " << head_dim << " tiles forced "
@@ -637,11 +643,13 @@ class PagedAttentionBf16Test : public testing::Test {
 // Against the reference with the same rounding (which also checks that the rounding shows):
 // decode, prefill and chunks; MHA, GQA, MQA and a tensor-parallel slice; head dims of one
 // (16), two (64) and several (128) product steps and one that pads its last (80); F16 and F32
-// KV; sliding windows and sinks.
+// KV, and BF16 KV whose K tiles load from the pool (head dims a multiple of 32 in blocks of 16
+// or 32) or are copied (the others); sliding windows and sinks. RunCase's pool starts as NaNs,
+// which the tiles read straight from a BF16 pool past a sequence's end must not reach an output.
 TEST_F(PagedAttentionBf16Test, MatchesTheBf16Reference) {
   const std::vector<Sequence> mixed = {{1, 1}, {37, 1}, {16, 16}, {50, 7}, {129, 1}, {300, 45}};
   uint32_t seed = 2000;
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32, KvDtype::kBf16}) {
     std::vector<Case> cases = {
         {dtype, 16, 3, 3, 64, mixed},                  // SmolLM2-135M: 9 heads, 3 KV heads
         {dtype, 5, 2, 1, 80, mixed},                   // odd block size, a padded step, MHA
@@ -692,7 +700,7 @@ TEST_F(PagedAttentionBf16Test, OtherCachesAndCappedScoresStayFloat) {
 // pieces among long ones), a speculative verify or the thread count, bit for bit, with and
 // without a sliding window; and the AMX tiles did run (their bits differ from float's).
 TEST_F(PagedAttentionBf16Test, IsBatchChunkAndThreadInvariant) {
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32, KvDtype::kBf16}) {
     for (const auto& [kv_heads, group, head_dim, window] :
          std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
              {3, 3, 64, 0}, {1, 8, 128, 0}, {2, 1, 80, 0}, {2, 5, 16, 0}, {3, 3, 64, 70}}) {
@@ -791,6 +799,37 @@ TEST(WriteKvTest, SimdHalfConversionIsBitIdenticalToFloatToHalf) {
   if (checked == 0) GTEST_SKIP() << "neither AVX-512 nor AVX2 on this CPU";
 }
 
+// BF16 KV's AVX2 conversion gives FloatToBf16's bits: ties either way, float subnormals
+// (flushed to signed zero), values that round up to infinity, NaNs (quieted, sign kept) and
+// random bit patterns, in pieces of every tail length.
+TEST(WriteKvTest, SimdBf16ConversionIsBitIdenticalToFloatToBf16) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx2)) GTEST_SKIP() << "no AVX2";
+  std::vector<float> values;
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f817fffu, 0x7f7fffffu,
+                        0x7f7f8000u, 0x7f7f7fffu, 0x00000001u, 0x007fffffu, 0x00800000u,
+                        0x7f800000u, 0x7f800001u, 0x7fc00000u, 0x7fbfffffu, 0u}) {
+    for (uint32_t sign : {0u, 0x80000000u}) values.push_back(std::bit_cast<float>(bits | sign));
+  }
+  std::mt19937 rng(37);
+  for (int i = 0; i < 1 << 20; ++i)
+    values.push_back(std::bit_cast<float>(static_cast<uint32_t>(rng())));
+  std::vector<uint16_t> got(values.size());
+  for (size_t begin = 0, piece = 1; begin < values.size(); begin += piece, piece = piece % 37 + 1) {
+    const size_t count = std::min(piece, values.size() - begin);
+    internal::FloatToBf16Avx2(values.data() + begin, static_cast<int64_t>(count),
+                              got.data() + begin);
+  }
+  int bad = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t want = FloatToBf16(values[i]);
+    if (got[i] != want && bad++ < 5) {
+      ADD_FAILURE() << "FloatToBf16(0x" << std::hex << std::bit_cast<uint32_t>(values[i])
+                    << ") = 0x" << want << ", AVX2 0x" << got[i];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // The AVX2 rotation of 8-bit KV rows and queries (RotatesKv) gives RotateKvRow's bits.
 TEST(WriteKvTest, SimdRotationIsBitIdenticalToRotateKvRow) {
   if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx2)) GTEST_SKIP() << "no AVX2";
@@ -869,12 +908,15 @@ TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
       EXPECT_EQ(pools[0]->v, pools[1]->v);
       EXPECT_EQ(pools[0]->k_scale, pools[1]->k_scale);
       EXPECT_EQ(pools[0]->v_scale, pools[1]->v_scale);
-      // And the scalar path stores FloatToHalf / the float itself / the row's codes.
+      // And the scalar path stores FloatToHalf / FloatToBf16 / the float itself / the row's codes.
       const int64_t t = num_tokens - 1, i = row - 1;
       const int64_t index = static_cast<int64_t>(slots[t]) * row + i;
       if (dtype == KvDtype::kF16) {
         EXPECT_EQ(reinterpret_cast<const uint16_t*>(pools[0]->k.data())[index],
                   FloatToHalf(k[t * row + i]));
+      } else if (dtype == KvDtype::kBf16) {
+        EXPECT_EQ(reinterpret_cast<const uint16_t*>(pools[0]->k.data())[index],
+                  FloatToBf16(k[t * row + i]));
       } else if (dtype == KvDtype::kF32) {
         EXPECT_EQ(reinterpret_cast<const float*>(pools[0]->v.data())[index], v[t * row + i]);
       } else {

@@ -49,6 +49,24 @@ TEST(KvPoolDtypeNameTest, ACudaPoolOfABf16ModelIsBf16) {
   EXPECT_EQ(KvPoolDtypeName("cpu", KvDtype::kF16, *Checkpoint(kBF16, kF32)), "f16");
   EXPECT_EQ(KvPoolDtypeName("cuda", KvDtype::kF16, *Checkpoint(kF16, kF32)), "f16");
   EXPECT_EQ(KvPoolDtypeName("cuda", KvDtype::kInt8, *Checkpoint(kBF16, kF32)), "int8");
+  EXPECT_EQ(KvPoolDtypeName("cpu", KvDtype::kBf16, *Checkpoint(kF16, kF32)), "bf16");
+}
+
+// --kv-dtype bf16 on CUDA: the pool a BF16 model has anyway; an F16 model's is refused by
+// name (the CUDA KV cache takes the compute type).
+TEST(CudaForwardPassOptionsOfTest, Bf16KvNeedsABf16Model) {
+  StepBackendOptions options;
+  options.kv_dtype = kernels::cpu::KvDtype::kBf16;
+  absl::StatusOr<CudaForwardPassOptions> bf16 =
+      CudaForwardPassOptionsOf(options, *Checkpoint(kBF16, kF32));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->kv_dtype, kernels::cuda::DataType::kBF16);
+  EXPECT_EQ(bf16->kv_quant, kernels::cuda::KvQuant::kNone);
+  absl::StatusOr<CudaForwardPassOptions> f16 =
+      CudaForwardPassOptionsOf(options, *Checkpoint(kF16, kF32));
+  ASSERT_FALSE(f16.ok());
+  EXPECT_EQ(f16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f16.status().message().find("--kv-dtype bf16"), std::string::npos) << f16.status();
 }
 
 TEST(CudaComputeDtypeTest, F16F32AndQuantizedCheckpointsComputeInF16) {
