@@ -1,5 +1,5 @@
-// The 8-bit KV cache (--kv-dtype int8 | fp8_e4m3) against F16 KV on the CPU, on a real model
-// (default: the bundled SmolLM2-135M), all in one run:
+// The 8-bit and BF16 KV caches (--kv-dtype int8 | fp8_e4m3 | bf16) against F16 KV on the CPU,
+// on a real model (default: the bundled SmolLM2-135M), all in one run:
 //   capacity   sequences of --context tokens one KV memory budget holds (the worker's own
 //              sizing: model::ShardKvBlock + KvBlocksFromBudget, the pool then allocated
 //              and its bytes checked), as a ratio to F16's (the bar: >= 1.9x);
@@ -12,12 +12,15 @@
 //              prompts are cache hits and every sequence decodes from the same step on: no
 //              step mixes one sequence's prefill with another's decode (the engine counts
 //              such steps as prefill time, not decode time).
+// --activations bf16 (AMX-BF16 CPUs) runs every dtype in that mode, where the attention of F16
+// KV converts each tile to BF16 and that of BF16 KV reads K from the pool as it is.
 // Writes bench/results/kv_cache_dtype_cpu.json (_<isa> appended when LOOM_CPU_ISA forces
-// the ISA: run it once per ISA; _prompt<N> for another --prompt-tokens).
+// the ISA: run it once per ISA; _prompt<N> for another --prompt-tokens; _<activations> for
+// activations other than f32).
 //
 // usage: kv_cache_dtype_bench [--model PATH] [--threads N] [--batch B] [--prompt-tokens P]
 //                             [--decode-tokens T] [--repeats R] [--budget-mib M]
-//                             [--context C]
+//                             [--context C] [--activations f32|int8|bf16]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +38,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/kv_dtype.h"
+#include "kernels/cpu/matmul.h"
 #include "model/cpu_kv_cache.h"
 #include "model/kv_cache_budget.h"
 #include "worker/cpu_forward_pass.h"
@@ -53,6 +57,7 @@ struct Flags {
   int repeats = 3;
   int64_t budget_mib = 512;  // the worker's default host KV budget
   int64_t context = 1024;
+  std::string activations = "f32";
 };
 
 bool ParseFlags(int argc, char** argv, Flags& flags) {
@@ -76,10 +81,13 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       flags.budget_mib = std::atoll(value);
     else if (flag == "--context")
       flags.context = std::atoll(value);
+    else if (flag == "--activations")
+      flags.activations = value;
     else
       return false;
   }
-  return argc % 2 == 1 && flags.batch > 0 && flags.prompt_tokens > 0 && flags.decode_tokens > 1 &&
+  return argc % 2 == 1 && loom::kernels::cpu::ParseActivationPrecision(flags.activations).ok() &&
+         flags.batch > 0 && flags.prompt_tokens > 0 && flags.decode_tokens > 1 &&
          flags.repeats > 0 && flags.budget_mib > 0 && flags.context > 0;
 }
 
@@ -123,6 +131,7 @@ class DecodeRunner {
     loom::worker::CpuForwardPassOptions options;
     options.num_threads = flags.threads;
     options.kv_dtype = dtype;
+    options.activations = *loom::kernels::cpu::ParseActivationPrecision(flags.activations);
     // Each repeat's prompts stay cached beside the next repeat's sequences.
     options.num_kv_blocks =
         2 * flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
@@ -179,7 +188,8 @@ int main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, flags)) {
     std::fputs(
         "usage: kv_cache_dtype_bench [--model PATH] [--threads N] [--batch B] "
-        "[--prompt-tokens P] [--decode-tokens T] [--repeats R] [--budget-mib M] [--context C]\n",
+        "[--prompt-tokens P] [--decode-tokens T] [--repeats R] [--budget-mib M] [--context C] "
+        "[--activations f32|int8|bf16]\n",
         stderr);
     return 2;
   }
@@ -193,13 +203,14 @@ int main(int argc, char** argv) {
   }
   const double read_gbs = loom::bench::MeasureReadBandwidthGBs(flags.threads);
   const char* isa = loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa());
-  std::printf("kv_cache_dtype_bench: %s, ISA %s, %d threads, read bandwidth %.1f GB/s\n",
-              flags.model_path.c_str(), isa, flags.threads, read_gbs);
+  std::printf(
+      "kv_cache_dtype_bench: %s, ISA %s, %s activations, %d threads, read bandwidth %.1f GB/s\n",
+      flags.model_path.c_str(), isa, flags.activations.c_str(), flags.threads, read_gbs);
   std::printf("decode: %d sequences, %d prompt + %d decoded tokens each, median of %d\n",
               flags.batch, flags.prompt_tokens, flags.decode_tokens, flags.repeats);
-  const KvDtype dtypes[] = {KvDtype::kF16, KvDtype::kInt8, KvDtype::kFp8E4m3};
-  constexpr int kDtypes = 3;
-  // Repeat r runs the dtypes starting at r mod 3: each goes first, second and third alike.
+  const KvDtype dtypes[] = {KvDtype::kF16, KvDtype::kInt8, KvDtype::kFp8E4m3, KvDtype::kBf16};
+  constexpr int kDtypes = 4;
+  // Repeat r runs the dtypes starting at r mod 4: each goes first, second... alike.
   std::vector<std::unique_ptr<DecodeRunner>> runners;
   for (KvDtype dtype : dtypes) {
     runners.push_back(std::make_unique<DecodeRunner>(**gguf, **tokenizer, dtype, flags));
@@ -257,15 +268,16 @@ int main(int argc, char** argv) {
   if (flags.prompt_tokens != Flags{}.prompt_tokens) {
     name += "_prompt" + std::to_string(flags.prompt_tokens);
   }
+  if (flags.activations != Flags{}.activations) name += "_" + flags.activations;
   loom::bench::WriteResult(
       name,
       absl::StrFormat(
           "{\"benchmark\": \"kv_cache_dtype_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", "
-          "\"cpu_isa\": \"%s\", \"threads\": %d, \"model\": \"%s\", \"budget_mib\": %d, "
-          "\"context\": %d, \"batch\": %d, \"prompt_tokens\": %d, \"decode_tokens\": %d, "
-          "\"repeats\": %d, \"read_gbs\": %.2f,\n \"dtypes\": [\n  %s]}",
-          loom::bench::UtcNow(), loom::bench::CpuModel(), isa, flags.threads, flags.model_path,
-          flags.budget_mib, flags.context, flags.batch, flags.prompt_tokens, flags.decode_tokens,
-          flags.repeats, read_gbs, rows));
+          "\"cpu_isa\": \"%s\", \"activations\": \"%s\", \"threads\": %d, \"model\": \"%s\", "
+          "\"budget_mib\": %d, \"context\": %d, \"batch\": %d, \"prompt_tokens\": %d, "
+          "\"decode_tokens\": %d, \"repeats\": %d, \"read_gbs\": %.2f,\n \"dtypes\": [\n  %s]}",
+          loom::bench::UtcNow(), loom::bench::CpuModel(), isa, flags.activations, flags.threads,
+          flags.model_path, flags.budget_mib, flags.context, flags.batch, flags.prompt_tokens,
+          flags.decode_tokens, flags.repeats, read_gbs, rows));
   return 0;
 }

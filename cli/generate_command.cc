@@ -27,6 +27,7 @@ struct Options {
   bool chat = false;
   EngineRequest request;
   worker::StepBackendOptions forward_pass;
+  bool kv_dtype_auto = true;    // forward_pass.kv_dtype is ResolveKvDtype's
   std::string device = "auto";  // cuda | cpu | auto
   bool cuda_graphs = true;
 };
@@ -53,7 +54,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddNumber(app, "--min-p", sampling.min_p, 0, 1, "min-p sampling (0: off)");
   cli::AddUint64(app, "--seed", sampling.seed, "sampling seed");
   cli::AddInt(app, "--threads", options.forward_pass.num_threads, 1, 1024, "CPU threads");
-  AddKvDtypeFlag(app, options.forward_pass.kv_dtype);
+  AddKvDtypeFlag(app, options.forward_pass.kv_dtype, options.kv_dtype_auto);
   AddActivationsFlag(app, options.forward_pass.activations);
   cli::AddString(app, "--device", options.device,
                  "where the model runs (auto: cuda when a CUDA device is present and "
@@ -80,6 +81,9 @@ int RunGenerateCommand(int argc, char** argv) {
   auto device = ResolveDevice(options.device, options.forward_pass.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
+  options.forward_pass.kv_dtype =
+      ResolveKvDtype(options.forward_pass.kv_dtype, options.kv_dtype_auto, *device,
+                     options.forward_pass.activations);
   auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);

@@ -40,6 +40,7 @@ struct Options {
   std::string quantization;     // "" (as stored) | int8 | int4 | fp8 (CUDA)
   std::string nll_out;          // "": none
   worker::StepBackendOptions forward_pass;
+  bool kv_dtype_auto = true;  // forward_pass.kv_dtype is ResolveKvDtype's
 };
 
 // Parses the command line into `options`; nullopt to go on, else the exit code.
@@ -59,7 +60,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddInt(app, "--max-tokens", options.max_tokens, 1, int64_t{1} << 40,
               "evaluate the first M tokens of the text only (default 0: all)");
   cli::AddInt(app, "--threads", options.forward_pass.num_threads, 1, 1024, "CPU threads");
-  AddKvDtypeFlag(app, options.forward_pass.kv_dtype);
+  AddKvDtypeFlag(app, options.forward_pass.kv_dtype, options.kv_dtype_auto);
   AddActivationsFlag(app, options.forward_pass.activations);
   cli::AddString(app, "--device", options.device,
                  "where the model runs (auto: cuda when a CUDA device is present and "
@@ -208,6 +209,9 @@ int RunPerplexityCommand(int argc, char** argv) {
   auto device = ResolveDevice(options.device, options.forward_pass.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
+  options.forward_pass.kv_dtype =
+      ResolveKvDtype(options.forward_pass.kv_dtype, options.kv_dtype_auto, *device,
+                     options.forward_pass.activations);
   if (options.quantization == "fp8" && *device != "cuda") {
     return fail(absl::InvalidArgumentError(
         "--quantization fp8 runs on FP8 tensor cores: it needs --device cuda (a GPU of compute "

@@ -147,28 +147,44 @@ kernels::cpu::KvDtype KvDtypeOf(const std::string& name) {
 
 }  // namespace
 
-CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
+kernels::cpu::KvDtype ResolveKvDtype(kernels::cpu::KvDtype kv_dtype, bool kv_dtype_auto,
+                                     absl::string_view device,
+                                     kernels::cpu::ActivationPrecision activations) {
+  if (!kv_dtype_auto) return kv_dtype;
+  return device == "cpu" && activations == kernels::cpu::ActivationPrecision::kBf16
+             ? kernels::cpu::KvDtype::kBf16
+             : kernels::cpu::KvDtype::kF16;
+}
+
+CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype, bool& kv_dtype_auto) {
   using kernels::cpu::KvDtype;
   CLI::Option* option =
       app.add_option_function<std::string>(
-             "--kv-dtype", [&kv_dtype](const std::string& text) { kv_dtype = KvDtypeOf(text); },
+             "--kv-dtype",
+             [&kv_dtype, &kv_dtype_auto](const std::string& text) {
+               kv_dtype = KvDtypeOf(text);
+               kv_dtype_auto = text == "auto";
+             },
              "the KV cache's element type: f16, bf16 (f32's range in f16's bytes; what "
              "--activations bf16's AMX attention reads as it is; on CUDA for BF16 models, whose "
              "KV is bf16 anyway), f32, or int8 / fp8_e4m3 (8-bit codes and a scale per token "
              "and KV head: a block takes 52% of f16's bytes at head dim 64, so the pool holds "
-             "1.9x the tokens; CPU and CUDA); f32 is CPU-only")
-          ->check(OneOf({"f16", "bf16", "f32", "int8", "fp8_e4m3"}))
-          ->default_str(kernels::cpu::KvDtypeName(kv_dtype));
+             "1.9x the tokens; CPU and CUDA); f32 is CPU-only; auto: bf16 on the CPU under "
+             "--activations bf16, else f16")
+          ->check(OneOf({"auto", "f16", "bf16", "f32", "int8", "fp8_e4m3"}))
+          ->default_str("auto");
   app.add_option_function<std::string>(
          "--kv-cache-dtype",
-         [&kv_dtype](const std::string& text) {
+         [&kv_dtype, &kv_dtype_auto](const std::string& text) {
            kv_dtype = KvDtypeOf(text == "auto"       ? "f16"
                                 : text == "fp8"      ? "fp8_e4m3"
                                 : text == "bfloat16" ? "bf16"
                                                      : text);
+           kv_dtype_auto = text == "auto";
          },
-         "vLLM's name for --kv-dtype: auto (f16 on the CPU; CUDA keeps a BF16 model's KV in "
-         "bf16), bfloat16 (= bf16), fp8 (= fp8_e4m3), fp8_e4m3 or int8")
+         "vLLM's name for --kv-dtype: auto (the compute type's: bf16 on the CPU under "
+         "--activations bf16, else f16, which CUDA keeps in bf16 for a BF16 model), bfloat16 "
+         "(= bf16), fp8 (= fp8_e4m3), fp8_e4m3 or int8")
       ->check(OneOf({"auto", "bfloat16", "fp8", "fp8_e4m3", "int8"}))
       ->default_str("auto")
       ->excludes(option);
@@ -400,7 +416,7 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
            "refuse to start unless the KV pool holds one sequence of this many tokens (0: off)");
   }
   if (fresh("--kv-dtype")) {
-    AddKvDtypeFlag(app, options.kv_dtype);
+    AddKvDtypeFlag(app, options.kv_dtype, options.kv_dtype_auto);
   }
   fresh("--kv-cache-dtype");  // declared with --kv-dtype; recorded so that loom up forwards it
   if (fresh("--quantization")) {

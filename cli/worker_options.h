@@ -77,6 +77,9 @@ struct WorkerOptions {
   int64_t max_model_len = 0;
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype / --kv-cache-dtype
+  // Neither flag given, or --kv-cache-dtype auto: kv_dtype becomes ResolveKvDtype's once the
+  // device is known.
+  bool kv_dtype_auto = true;
   // --quantization int8|int4: the linear layers quantized at load (loom quantize's
   // round-to-nearest, default group sizes); fp8: quantized to FP8 E4M3 on upload to a CUDA
   // device with FP8 tensor cores (StepBackendOptions::fp8_weights); "" serves the weights
@@ -110,10 +113,11 @@ struct WorkerOptions {
 std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
                                         const std::set<std::string>& skip = {});
 
-/// `--kv-dtype f16|f32|int8|fp8_e4m3` (with vLLM's `--kv-cache-dtype` beside it) and `--activations
-/// f32|int8`, one declaration each for every command that runs the engine (loom-worker, loom
-/// generate, loom perplexity).
-CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype);
+/// `--kv-dtype auto|f16|bf16|f32|int8|fp8_e4m3` (with vLLM's `--kv-cache-dtype` beside it) and
+/// `--activations f32|int8|bf16`, one declaration each for every command that runs the engine
+/// (loom-worker, loom generate, loom perplexity). `kv_dtype_auto` turns false when a type
+/// other than `auto` is given.
+CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype, bool& kv_dtype_auto);
 CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations);
 
 /// The checks across flags: --model and --coordinator given, one KV budget at most.
@@ -144,6 +148,15 @@ using model::MemAvailableBytes;
 /// value. Used by `loom-worker`, `loom up` and `loom generate`.
 absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
                                           int world_size, int cuda_device_count);
+
+/// vLLM's `auto` KV type (`kv_dtype_auto`: neither --kv-dtype nor --kv-cache-dtype given, or
+/// --kv-cache-dtype auto), the compute type's: on the cpu bf16 under --activations bf16 (what
+/// its AMX attention reads without converting, rounded once where F16 KV rounds twice, and
+/// F32's range), else f16; on cuda f16, which the backend keeps in BF16 for a BF16 model
+/// (worker::KvPoolDtypeName). `kv_dtype` as it is otherwise.
+kernels::cpu::KvDtype ResolveKvDtype(kernels::cpu::KvDtype kv_dtype, bool kv_dtype_auto,
+                                     absl::string_view device,
+                                     kernels::cpu::ActivationPrecision activations);
 
 /// The CUDA device (an index among the `cuda_device_count` visible ones) rank `rank` of a
 /// tensor-parallel group runs on: `gpu_index` when not -1 (FailedPrecondition when there is

@@ -141,6 +141,26 @@ def test_perplexity_matches_the_numpy_reference(model_path, texts, tmp_path):
     assert got["perplexity_stderr"] == pytest.approx(got["perplexity"] * got["nll_stderr"], rel=1e-9)
 
 
+def test_perplexity_reports_the_kv_type_auto_resolved_to(model_path, texts):
+    # vLLM's `auto`: the compute type's, bf16 under --activations bf16 on the CPU, else f16; a
+    # type given stays.
+    def kv_dtype(*args):
+        return perplexity(model_path, texts["held_out"], "--context", "32", "--max-tokens", "48",
+                          "--device", "cpu", *args)["kv_dtype"]
+    assert kv_dtype() == "f16"
+    assert kv_dtype("--kv-dtype", "bf16") == "bf16"
+    bf16 = subprocess.run([str(LOOM_BIN), "perplexity", "--model", str(model_path), "--text",
+                           str(texts["held_out"]), "--context", "32", "--max-tokens", "48",
+                           "--device", "cpu", "--json", "--activations", "bf16"],
+                          capture_output=True, text=True, timeout=300)
+    if bf16.returncode != 0:
+        assert "AMX" in bf16.stderr, bf16.stderr[-2000:]  # this CPU has no AMX-BF16
+        return
+    assert json.loads(bf16.stdout)["kv_dtype"] == "bf16"
+    assert kv_dtype("--activations", "bf16", "--kv-cache-dtype", "auto") == "bf16"
+    assert kv_dtype("--activations", "bf16", "--kv-dtype", "f16") == "f16"
+
+
 def test_perplexity_refuses_an_nll_file_it_cannot_write(model_path, texts, tmp_path):
     done = subprocess.run([str(LOOM_BIN), "perplexity", "--model", str(model_path), "--text",
                            str(texts["held_out"]), "--nll-out", str(tmp_path / "no" / "such.txt")],

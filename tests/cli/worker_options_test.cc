@@ -166,6 +166,8 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   // the two flags exclude each other.
   for (const auto& [flag, value, dtype] :
        std::vector<std::tuple<std::string, std::string, kernels::cpu::KvDtype>>{
+           {"--kv-dtype", "auto", kernels::cpu::KvDtype::kF16},
+           {"--kv-dtype", "f16", kernels::cpu::KvDtype::kF16},
            {"--kv-dtype", "int8", kernels::cpu::KvDtype::kInt8},
            {"--kv-dtype", "bf16", kernels::cpu::KvDtype::kBf16},
            {"--kv-cache-dtype", "bfloat16", kernels::cpu::KvDtype::kBf16},
@@ -177,7 +179,11 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
     auto parsed = Parse({"--model", "m", "--coordinator", "c:1", flag.c_str(), value.c_str()});
     ASSERT_TRUE(parsed.ok()) << flag << " " << value << ": " << parsed.status();
     EXPECT_EQ(parsed->kv_dtype, dtype) << flag << " " << value;
+    EXPECT_EQ(parsed->kv_dtype_auto, value == "auto") << flag << " " << value;
   }
+  auto unset = Parse({"--model", "m", "--coordinator", "c:1"});
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_TRUE(unset->kv_dtype_auto);
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-dtype", "f32"}).ok());
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-dtype", "int8",
                       "--kv-dtype", "f16"})
@@ -189,6 +195,22 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   const auto bf16 = Parse({"--model", "m", "--coordinator", "c:1", "--activations", "bf16"});
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->activations, kernels::cpu::ActivationPrecision::kBf16);
+}
+
+// vLLM's `auto` KV type is the compute type's: BF16 on the CPU under --activations bf16, F16
+// otherwise (CUDA keeps a BF16 model's F16-named pool in BF16 itself); a type given stays.
+TEST(ResolveKvDtypeTest, AutoFollowsTheComputeTypeAndAGivenTypeStays) {
+  using kernels::cpu::ActivationPrecision;
+  using kernels::cpu::KvDtype;
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kBf16), KvDtype::kBf16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kF32), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kInt8), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cuda", ActivationPrecision::kBf16), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, false, "cpu", ActivationPrecision::kBf16), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kInt8, false, "cpu", ActivationPrecision::kBf16),
+            KvDtype::kInt8);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kBf16, false, "cpu", ActivationPrecision::kF32),
+            KvDtype::kBf16);
 }
 
 TEST(WorkerOptionsTest, ParsesDeviceAndCudaGraphs) {
