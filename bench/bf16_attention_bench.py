@@ -7,11 +7,12 @@ bf16_weights_bench.py makes it), so the matmuls read their tiles straight from t
 attention is the rest. Four configurations of bench/engine_bench, alternating over --passes
 passes, medians:
   f32              --activations f32 (the reference speed);
-  bf16-float       --activations bf16 --bf16-attention float (the matmuls on AMX, attention in
-                   float: what --activations bf16 did before);
-  bf16-amx         --activations bf16 (attention on the AMX-BF16 tiles too, F16 KV converted
-                   per tile);
-  bf16-amx-bf16kv  --activations bf16 --kv-dtype bf16 (the tiles read K from the pool as it is).
+  bf16-float       --activations bf16 --bf16-attention float --kv-dtype f16 (the matmuls on
+                   AMX, attention in float: what --activations bf16 did before);
+  bf16-amx         --activations bf16 --kv-dtype f16 (attention on the AMX-BF16 tiles too, F16
+                   KV converted per tile);
+  bf16-amx-bf16kv  --activations bf16 --kv-dtype bf16 (the mode's default KV type now: the
+                   tiles read K from the pool as it is).
 Figures: 512-token prefill, single-stream decode and batched decode of 16 and 64 sequences
 (engine_bench's own), and a --long-prefill-token prefill (engine_bench --only-prefill); each as
 a ratio to bf16-float's and to f32's (BF16 KV's also to bf16-amx's), beside the FMA and
@@ -38,8 +39,10 @@ import cpu_vs_llamacpp
 from provenance import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = {"f32": ("f32", ()), "bf16-float": ("bf16", ("--bf16-attention", "float")),
-           "bf16-amx": ("bf16", ()), "bf16-amx-bf16kv": ("bf16", ("--kv-dtype", "bf16"))}
+CONFIGS = {"f32": ("f32", ()),
+           "bf16-float": ("bf16", ("--bf16-attention", "float", "--kv-dtype", "f16")),
+           "bf16-amx": ("bf16", ("--kv-dtype", "f16")),
+           "bf16-amx-bf16kv": ("bf16", ("--kv-dtype", "bf16"))}
 FIGURES = ("pp512", "tg", "batched_16", "batched_64", "long_prefill")
 
 

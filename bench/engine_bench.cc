@@ -3,7 +3,7 @@
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
 // sequences against single-stream. Writes bench/results/engine_cpu.json (engine_cpu_int8
 // with --activations int8, engine_cpu_bf16 with bf16; then the model file's stem when --model
-// is not the default; _kv<type> for a --kv-dtype other than f16; with _<isa> appended when
+// is not the default; _kv<type> for a --kv-dtype other than auto; with _<isa> appended when
 // LOOM_CPU_ISA forces the ISA, e.g.
 // LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
 //
@@ -14,7 +14,7 @@
 //                                          per-token and the tiled CPU attention)
 //                     [--attention per-token]  (the CPU attention without tiles throughout)
 //                     [--bf16-attention float]  (--activations bf16's attention in float)
-//                     [--kv-dtype bf16]  (the KV cache's type, as the worker's flag; f16)
+//                     [--kv-dtype bf16]  (the KV cache's type, as the worker's flag; auto)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -102,7 +102,7 @@ struct Flags {
   int only_batch = 0;
   int only_prefill = 0;
   int decode_tokens = 64;
-  std::string kv_dtype = "f16";  // the worker's default
+  std::string kv_dtype = "auto";  // the worker's default (worker::ResolveKvDtype)
 };
 
 // Parses the command line into `flags`; the exit code when the bench must not run (the
@@ -113,7 +113,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
       "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32|bf16]\n"
       "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
       "                    [--attention per-token|tiled] [--bf16-attention amx|float]\n"
-      "                    [--kv-dtype f16|bf16|f32|int8|fp8_e4m3]\n";
+      "                    [--kv-dtype auto|f16|bf16|f32|int8|fp8_e4m3]\n";
   static constexpr const char* kFlags[] = {"--model",         "--threads",        "--activations",
                                            "--only-batch",    "--only-prefill",   "--attention",
                                            "--decode-tokens", "--bf16-attention", "--kv-dtype"};
@@ -314,7 +314,7 @@ struct Figures {
 // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8
 // (engine_cpu_bf16.json for bf16); with _<model file stem, lower case> after it for a model
 // other than the default one (so that such a run leaves the default model's figures alone),
-// _kv<type> for a --kv-dtype other than f16, and _<isa> appended when LOOM_CPU_ISA forced it:
+// _kv<type> for a --kv-dtype other than auto, and _<isa> appended when LOOM_CPU_ISA forced it:
 // engine_cpu_int8_default-q4_k_m_avx512.json.
 void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
                        const Figures& figures) {
@@ -377,7 +377,8 @@ int main(int argc, char** argv) {
   }
   options.activations = *precision;
   using loom::kernels::cpu::KvDtype;
-  bool kv_known = false;
+  bool kv_known = flags.kv_dtype == "auto";
+  options.kv_dtype = loom::worker::ResolveKvDtype(KvDtype::kF16, true, "cpu", options.activations);
   for (KvDtype dtype :
        {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
     if (flags.kv_dtype == loom::kernels::cpu::KvDtypeName(dtype)) {

@@ -82,8 +82,8 @@ int RunGenerateCommand(int argc, char** argv) {
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
   options.forward_pass.kv_dtype =
-      ResolveKvDtype(options.forward_pass.kv_dtype, options.kv_dtype_auto, *device,
-                     options.forward_pass.activations);
+      worker::ResolveKvDtype(options.forward_pass.kv_dtype, options.kv_dtype_auto, *device,
+                             options.forward_pass.activations);
   auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);

@@ -210,8 +210,8 @@ int RunPerplexityCommand(int argc, char** argv) {
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
   options.forward_pass.kv_dtype =
-      ResolveKvDtype(options.forward_pass.kv_dtype, options.kv_dtype_auto, *device,
-                     options.forward_pass.activations);
+      worker::ResolveKvDtype(options.forward_pass.kv_dtype, options.kv_dtype_auto, *device,
+                             options.forward_pass.activations);
   if (options.quantization == "fp8" && *device != "cuda") {
     return fail(absl::InvalidArgumentError(
         "--quantization fp8 runs on FP8 tensor cores: it needs --device cuda (a GPU of compute "

@@ -591,8 +591,8 @@ int RunWorkerCommand(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   absl::StatusOr<Placement> placement = PlaceWorker(options);
   if (!placement.ok()) return Refuse(placement.status());
-  options.kv_dtype = ResolveKvDtype(options.kv_dtype, options.kv_dtype_auto, placement->device,
-                                    options.activations);
+  options.kv_dtype = worker::ResolveKvDtype(options.kv_dtype, options.kv_dtype_auto,
+                                            placement->device, options.activations);
 
   absl::StatusOr<ServedModel> served = LoadModel(options);
   if (!served.ok()) return Fail(served.status());

@@ -147,15 +147,6 @@ kernels::cpu::KvDtype KvDtypeOf(const std::string& name) {
 
 }  // namespace
 
-kernels::cpu::KvDtype ResolveKvDtype(kernels::cpu::KvDtype kv_dtype, bool kv_dtype_auto,
-                                     absl::string_view device,
-                                     kernels::cpu::ActivationPrecision activations) {
-  if (!kv_dtype_auto) return kv_dtype;
-  return device == "cpu" && activations == kernels::cpu::ActivationPrecision::kBf16
-             ? kernels::cpu::KvDtype::kBf16
-             : kernels::cpu::KvDtype::kF16;
-}
-
 CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype, bool& kv_dtype_auto) {
   using kernels::cpu::KvDtype;
   CLI::Option* option =

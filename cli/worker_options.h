@@ -77,8 +77,8 @@ struct WorkerOptions {
   int64_t max_model_len = 0;
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype / --kv-cache-dtype
-  // Neither flag given, or --kv-cache-dtype auto: kv_dtype becomes ResolveKvDtype's once the
-  // device is known.
+  // Neither flag given, or --kv-dtype / --kv-cache-dtype auto: kv_dtype becomes
+  // worker::ResolveKvDtype's once the device is known.
   bool kv_dtype_auto = true;
   // --quantization int8|int4: the linear layers quantized at load (loom quantize's
   // round-to-nearest, default group sizes); fp8: quantized to FP8 E4M3 on upload to a CUDA
@@ -148,15 +148,6 @@ using model::MemAvailableBytes;
 /// value. Used by `loom-worker`, `loom up` and `loom generate`.
 absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
                                           int world_size, int cuda_device_count);
-
-/// vLLM's `auto` KV type (`kv_dtype_auto`: neither --kv-dtype nor --kv-cache-dtype given, or
-/// --kv-cache-dtype auto), the compute type's: on the cpu bf16 under --activations bf16 (what
-/// its AMX attention reads without converting, rounded once where F16 KV rounds twice, and
-/// F32's range), else f16; on cuda f16, which the backend keeps in BF16 for a BF16 model
-/// (worker::KvPoolDtypeName). `kv_dtype` as it is otherwise.
-kernels::cpu::KvDtype ResolveKvDtype(kernels::cpu::KvDtype kv_dtype, bool kv_dtype_auto,
-                                     absl::string_view device,
-                                     kernels::cpu::ActivationPrecision activations);
 
 /// The CUDA device (an index among the `cuda_device_count` visible ones) rank `rank` of a
 /// tensor-parallel group runs on: `gpu_index` when not -1 (FailedPrecondition when there is

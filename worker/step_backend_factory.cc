@@ -29,6 +29,15 @@ kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf) {
   return kernels::cuda::DataType::kF16;
 }
 
+kernels::cpu::KvDtype ResolveKvDtype(kernels::cpu::KvDtype kv_dtype, bool kv_dtype_auto,
+                                     std::string_view device,
+                                     kernels::cpu::ActivationPrecision activations) {
+  if (!kv_dtype_auto) return kv_dtype;
+  return device == "cpu" && activations == kernels::cpu::ActivationPrecision::kBf16
+             ? kernels::cpu::KvDtype::kBf16
+             : kernels::cpu::KvDtype::kF16;
+}
+
 std::string KvPoolDtypeName(std::string_view backend_name, kernels::cpu::KvDtype kv_dtype,
                             const common::GgufFile& gguf) {
   if (backend_name == "cuda" && kv_dtype == kernels::cpu::KvDtype::kF16 &&

@@ -95,10 +95,19 @@ CpuForwardPassOptions CpuForwardPassOptionsOf(const StepBackendOptions& options)
 absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBackendOptions& options,
                                                                 const common::GgufFile& gguf);
 
+/// vLLM's `auto` KV type (`kv_dtype_auto`: neither --kv-dtype nor --kv-cache-dtype given, or
+/// --kv-cache-dtype auto), the compute type's: on the cpu bf16 under --activations bf16 (what
+/// its AMX attention reads without converting, rounded once where F16 KV rounds twice, and
+/// F32's range), else f16; on cuda f16, which the backend keeps in BF16 for a BF16 model
+/// (KvPoolDtypeName). `kv_dtype` as it is otherwise.
+kernels::cpu::KvDtype ResolveKvDtype(kernels::cpu::KvDtype kv_dtype, bool kv_dtype_auto,
+                                     std::string_view device,
+                                     kernels::cpu::ActivationPrecision activations);
+
 /// What the KV pool of `backend_name` ("cuda", "cpu", "noop") over `gguf` holds, by name
 /// (RegisterRequest.kv_dtype: replicas move KV between each other only when it agrees):
 /// kv_dtype's name, except that a CUDA pool of 16-bit rows is BF16 where the model computes
-/// in BF16 (the CPU's 16-bit pool is F16: the same size, other bits).
+/// in BF16 (the CPU's 16-bit pool is what its type says: F16 or BF16, the same size, other bits).
 std::string KvPoolDtypeName(std::string_view backend_name, kernels::cpu::KvDtype kv_dtype,
                             const common::GgufFile& gguf);
 

@@ -197,22 +197,6 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   EXPECT_EQ(bf16->activations, kernels::cpu::ActivationPrecision::kBf16);
 }
 
-// vLLM's `auto` KV type is the compute type's: BF16 on the CPU under --activations bf16, F16
-// otherwise (CUDA keeps a BF16 model's F16-named pool in BF16 itself); a type given stays.
-TEST(ResolveKvDtypeTest, AutoFollowsTheComputeTypeAndAGivenTypeStays) {
-  using kernels::cpu::ActivationPrecision;
-  using kernels::cpu::KvDtype;
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kBf16), KvDtype::kBf16);
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kF32), KvDtype::kF16);
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kInt8), KvDtype::kF16);
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cuda", ActivationPrecision::kBf16), KvDtype::kF16);
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, false, "cpu", ActivationPrecision::kBf16), KvDtype::kF16);
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kInt8, false, "cpu", ActivationPrecision::kBf16),
-            KvDtype::kInt8);
-  EXPECT_EQ(ResolveKvDtype(KvDtype::kBf16, false, "cpu", ActivationPrecision::kF32),
-            KvDtype::kBf16);
-}
-
 TEST(WorkerOptionsTest, ParsesDeviceAndCudaGraphs) {
   auto options = Parse({"--model", "m", "--coordinator", "c:1"});
   ASSERT_TRUE(options.ok()) << options.status();

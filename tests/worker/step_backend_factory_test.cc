@@ -52,6 +52,22 @@ TEST(KvPoolDtypeNameTest, ACudaPoolOfABf16ModelIsBf16) {
   EXPECT_EQ(KvPoolDtypeName("cpu", KvDtype::kBf16, *Checkpoint(kF16, kF32)), "bf16");
 }
 
+// vLLM's `auto` KV type is the compute type's: BF16 on the CPU under --activations bf16, F16
+// otherwise (CUDA keeps a BF16 model's F16-named pool in BF16 itself); a type given stays.
+TEST(ResolveKvDtypeTest, AutoFollowsTheComputeTypeAndAGivenTypeStays) {
+  using kernels::cpu::ActivationPrecision;
+  using kernels::cpu::KvDtype;
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kBf16), KvDtype::kBf16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kF32), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cpu", ActivationPrecision::kInt8), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, true, "cuda", ActivationPrecision::kBf16), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kF16, false, "cpu", ActivationPrecision::kBf16), KvDtype::kF16);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kInt8, false, "cpu", ActivationPrecision::kBf16),
+            KvDtype::kInt8);
+  EXPECT_EQ(ResolveKvDtype(KvDtype::kBf16, false, "cpu", ActivationPrecision::kF32),
+            KvDtype::kBf16);
+}
+
 // --kv-dtype bf16 on CUDA: the pool a BF16 model has anyway; an F16 model's is refused by
 // name (the CUDA KV cache takes the compute type).
 TEST(CudaForwardPassOptionsOfTest, Bf16KvNeedsABf16Model) {
