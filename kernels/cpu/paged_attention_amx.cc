@@ -259,26 +259,36 @@ void Accumulate(int64_t d, int64_t blocks, const uint16_t* v, Scratch& s) {
   }
 }
 
-// The KV tile at kv0 (its positions before `end`) as BF16 A tiles of K (zero rows past `end`;
-// `k` nullptr: K is read from the pool, DirectK) and B tiles of V (zero values past `end`:
-// their weights are 0, and 0 x a stale row of the pool could be NaN); the rows of the tile
-// after it asked into L2 (their blocks are scattered, which hardware prefetchers do not
-// follow).
+// The pool offsets (elements) of the task's KV-head rows at positions [p0, p1), a block at a
+// time (one division per block, not per position).
+void RowOffsets(const KvLayerView& cache, const AttentionTask& tile, int64_t p0, int64_t p1,
+                int64_t* out) {
+  const int64_t bs = cache.block_size, kv_row = cache.num_kv_heads * cache.head_dim;
+  const int64_t head = tile.kv_head * cache.head_dim;
+  for (int64_t pos = p0; pos < p1;) {
+    const int64_t in_block = pos % bs, count = std::min(bs - in_block, p1 - pos);
+    const int64_t base =
+        (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + in_block) * kv_row + head;
+    for (int64_t i = 0; i < count; ++i) out[pos - p0 + i] = base + i * kv_row;
+    pos += count;
+  }
+}
+
+// The KV tile whose `n` positions' rows sit at `rows` (offsets) as BF16 A tiles of K (zero rows
+// past n; `k` nullptr: K is read from the pool, DirectK) and B tiles of V (zero values past n:
+// their weights are 0, and 0 x a stale row of the pool could be NaN); the `next_n` rows of the
+// tile after it (`next`) asked into L2 (their blocks are scattered, which hardware prefetchers
+// do not follow).
 template <typename E>
-void StageKv(const KvLayerView& cache, const AttentionTask& tile, int64_t kv0, int64_t end,
-             int64_t d_pad, uint16_t* k, uint16_t* v) {
-  const int64_t d = cache.head_dim, kv_row = cache.num_kv_heads * d, bs = cache.block_size;
+void StageKv(const KvLayerView& cache, const int64_t* rows, int64_t n, const int64_t* next,
+             int64_t next_n, int64_t d_pad, uint16_t* k, uint16_t* v) {
+  const int64_t d = cache.head_dim;
   const E* const k_pool = static_cast<const E*>(cache.k);
   const E* const v_pool = static_cast<const E*>(cache.v);
-  const auto element = [&](int64_t pos) {
-    return (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
-           tile.kv_head * d;
-  };
-  const int64_t n = std::min(kKvTile, end - kv0);
   const E* v_src[kKvTile] = {};
   for (int64_t j = 0; j < n; ++j) {
-    if (k != nullptr) RowToBf16(k_pool + element(kv0 + j), d, k + j * d_pad);
-    v_src[j] = v_pool + element(kv0 + j);
+    if (k != nullptr) RowToBf16(k_pool + rows[j], d, k + j * d_pad);
+    v_src[j] = v_pool + rows[j];
   }
   if (k != nullptr && n < kKvTile) std::fill(k + n * d_pad, k + kKvTile * d_pad, uint16_t{0});
   for (int64_t r = 0; r < kKvTile / 2; ++r) {
@@ -287,10 +297,13 @@ void StageKv(const KvLayerView& cache, const AttentionTask& tile, int64_t kv0, i
                           PairedV(v_src[2 * r], v_src[2 * r + 1], i));
     }
   }
-  for (int64_t pos = kv0 + kKvTile; pos < std::min(end, kv0 + 2 * kKvTile); ++pos) {
-    for (int64_t byte = 0; byte < d * static_cast<int64_t>(sizeof(E)); byte += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(k_pool + element(pos)) + byte, 0, 2);
-      __builtin_prefetch(reinterpret_cast<const char*>(v_pool + element(pos)) + byte, 0, 2);
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(E));
+  for (int64_t j = 0; j < next_n; ++j) {
+    const char* const k_row = reinterpret_cast<const char*>(k_pool + next[j]);
+    const char* const v_row = reinterpret_cast<const char*>(v_pool + next[j]);
+    for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+      __builtin_prefetch(k_row + byte, 0, 2);
+      __builtin_prefetch(v_row + byte, 0, 2);
     }
   }
 }
@@ -351,21 +364,26 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   const int64_t last_lower = LowerLimit(tile, tile.num_rows - 1);
   const bool direct = DirectK<E>(cache);
   if (direct) std::fill(s.k.begin(), s.k.end(), uint16_t{0});  // the A tile past `end`
-  const int64_t kv_row = cache.num_kv_heads * d, bs = cache.block_size;
+  const int64_t kv_row = cache.num_kv_heads * d;
+  // This KV tile's row offsets, and the next one's (computed for its prefetch, then used).
+  int64_t offsets[2][kKvTile];
+  int64_t* rows = offsets[0];
+  int64_t* next = offsets[1];
+  RowOffsets(cache, tile, start, std::min(end, start + kKvTile), rows);
   LoadTileConfig(FullTileConfig());
   for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile) {
     const int64_t n = std::min(kKvTile, end - kv0);
-    StageKv<E>(cache, tile, kv0, end, d_pad, direct ? nullptr : s.k.data(), s.v.data());
+    const int64_t next_n = std::clamp<int64_t>(end - kv0 - kKvTile, 0, kKvTile);
+    RowOffsets(cache, tile, kv0 + kKvTile, kv0 + kKvTile + next_n, next);
+    StageKv<E>(cache, rows, n, next, next_n, d_pad, direct ? nullptr : s.k.data(), s.v.data());
     if (direct) {
-      // The A tile of 16 positions from `pos`: in the pool (rows kv_row apart), or zeros.
-      const auto a_tile = [&](int64_t pos) -> std::pair<const uint16_t*, int64_t> {
-        if (pos >= end) return {s.k.data(), d_pad * 2};
-        const int64_t slot = static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs;
-        return {&static_cast<const Bf16Bits*>(cache.k)[slot * kv_row + tile.kv_head * d].bits,
-                kv_row * 2};
+      // The A tile of 16 positions from j: in the pool (rows kv_row apart), or zeros.
+      const auto a_tile = [&](int64_t j) -> std::pair<const uint16_t*, int64_t> {
+        if (j >= n) return {s.k.data(), d_pad * 2};
+        return {&static_cast<const Bf16Bits*>(cache.k)[rows[j]].bits, kv_row * 2};
       };
-      const auto [lo, lo_stride] = a_tile(kv0);
-      const auto [hi, hi_stride] = a_tile(kv0 + kLanes);
+      const auto [lo, lo_stride] = a_tile(0);
+      const auto [hi, hi_stride] = a_tile(kLanes);
       Scores(steps, blocks, qs, lo, lo_stride, hi, hi_stride, s);
     } else {
       Scores(steps, blocks, qs, s.k.data(), d_pad * 2, s.k.data() + kLanes * d_pad, d_pad * 2, s);
@@ -377,6 +395,7 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     }
     WeightTiles(qs, blocks, s);
     Accumulate(d, blocks, s.v.data(), s);
+    std::swap(rows, next);
   }
   _tile_release();
   for (int64_t qv = 0; qv < num_q; ++qv) {
