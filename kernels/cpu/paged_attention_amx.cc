@@ -193,19 +193,84 @@ void Softmax(float scale, int64_t kv0, int64_t n, int64_t qs, int64_t blocks, Sc
     // exp(0) = 1 where the max held, exp(-inf) = 0 on a query vector's first tile; nothing seen
     // yet and nothing in this tile (before its window): NaN, which max turns into -inf.
     const __m512 corr = Exp512(_mm512_max_ps(_mm512_sub_ps(old_max, new_max), minus_inf));
-    __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       __m512 w = Exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * qs + lane0), new_max));
       if constexpr (kMasked) w = MaskOutside16(w, lower, limit, kv0 + j, _mm512_setzero_ps());
       _mm512_storeu_ps(st + j * qs + lane0, w);
-      sum = _mm512_add_ps(sum, w);
     }
     for (int64_t j = n; j < kKvTile; ++j)
       _mm512_storeu_ps(st + j * qs + lane0, _mm512_setzero_ps());
+    // The weights' sum as a tree over the 32 positions (j + 16, then + 8, + 4, + 2, + 1), the
+    // pairing SoftmaxFew's lanes take.
+    __m512 half[16];
+    for (int j = 0; j < 16; ++j) {
+      half[j] = _mm512_add_ps(_mm512_loadu_ps(st + j * qs + lane0),
+                              _mm512_loadu_ps(st + (j + 16) * qs + lane0));
+    }
+    for (int width = 8; width >= 1; width /= 2) {
+      for (int j = 0; j < width; ++j) half[j] = _mm512_add_ps(half[j], half[j + width]);
+    }
+    const __m512 sum = half[0];
     _mm512_storeu_ps(s.m.data() + lane0, new_max);
     _mm512_storeu_ps(s.corr.data() + lane0, corr);
     _mm512_storeu_ps(s.l.data() + lane0,
                      _mm512_fmadd_ps(_mm512_loadu_ps(s.l.data() + lane0), corr, sum));
+  }
+}
+
+// Softmax for a tile of at most kMaxFew query vectors (one block), with positions in lanes:
+// the scores transposed (two 16 x 16 transposes), then per query vector two vectors of 16
+// positions instead of 32 vectors of 16 mostly idle query lanes; the weights go straight into
+// the P tile's rows (no WeightTiles). The same bits as Softmax: the same element-wise
+// operations on the same values, maxima (exact in any order), and the sum's tree.
+constexpr int64_t kMaxFew = 8;
+
+template <bool kMasked>
+void SoftmaxFew(float scale, int64_t kv0, int64_t n, int64_t num_q, Scratch& s) {
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 lo[16], hi[16];  // after the transposes, lo[qv] / hi[qv]: positions 0-15 / 16-31
+  for (int j = 0; j < 16; ++j) {
+    lo[j] = j < n ? _mm512_loadu_ps(s.st.data() + j * kLanes) : minus_inf;
+    hi[j] = j + 16 < n ? _mm512_loadu_ps(s.st.data() + (j + 16) * kLanes) : minus_inf;
+  }
+  Transpose16x16(lo);
+  Transpose16x16(hi);
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i pos_lo = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(kv0)));
+  const __m512i pos_hi = _mm512_add_epi32(pos_lo, _mm512_set1_epi32(16));
+  const __mmask16 tail_lo = n >= 16 ? 0xffff : (1u << n) - 1;
+  const __mmask16 tail_hi = n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1;
+  for (int64_t qv = 0; qv < num_q; ++qv) {
+    __mmask16 keep_lo = tail_lo, keep_hi = tail_hi;  // positions this query vector attends
+    if constexpr (kMasked) {
+      const __m512i limit = _mm512_set1_epi32(s.limit[qv]);
+      const __m512i lower = _mm512_set1_epi32(s.lower[qv]);
+      keep_lo &= _mm512_cmplt_epi32_mask(pos_lo, limit) & _mm512_cmpge_epi32_mask(pos_lo, lower);
+      keep_hi &= _mm512_cmplt_epi32_mask(pos_hi, limit) & _mm512_cmpge_epi32_mask(pos_hi, lower);
+    }
+    const __m512 x_lo = _mm512_mask_mul_ps(minus_inf, keep_lo, lo[qv], scale_v);
+    const __m512 x_hi = _mm512_mask_mul_ps(minus_inf, keep_hi, hi[qv], scale_v);
+    const __m512 tile_max = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(x_lo, x_hi)));
+    const __m512 old_max = _mm512_set1_ps(s.m[qv]);
+    const __m512 new_max = _mm512_max_ps(old_max, tile_max);
+    const __m512 corr = Exp512(_mm512_max_ps(_mm512_sub_ps(old_max, new_max), minus_inf));
+    const __m512 w_lo = _mm512_mask_mov_ps(zero, keep_lo, Exp512(_mm512_sub_ps(x_lo, new_max)));
+    const __m512 w_hi = _mm512_mask_mov_ps(zero, keep_hi, Exp512(_mm512_sub_ps(x_hi, new_max)));
+    // Softmax's tree: lanes j + 16, + 8, + 4, + 2, + 1.
+    __m512 sum = _mm512_add_ps(w_lo, w_hi);
+    sum = _mm512_add_ps(sum, _mm512_shuffle_f32x4(sum, sum, _MM_SHUFFLE(3, 2, 3, 2)));
+    sum = _mm512_add_ps(sum, _mm512_shuffle_f32x4(sum, sum, _MM_SHUFFLE(1, 1, 1, 1)));
+    sum = _mm512_add_ps(sum, _mm512_permute_ps(sum, _MM_SHUFFLE(3, 2, 3, 2)));
+    sum = _mm512_add_ps(sum, _mm512_permute_ps(sum, _MM_SHUFFLE(1, 1, 1, 1)));
+    s.m[qv] = _mm512_cvtss_f32(new_max);
+    s.corr[qv] = _mm512_cvtss_f32(corr);
+    s.l[qv] = _mm512_cvtss_f32(
+        _mm512_fmadd_ps(_mm512_set1_ps(s.l[qv]), corr, _mm512_set1_ps(_mm512_cvtss_f32(sum))));
+    // cvtne2ps_pbh(a, b): elements 0-15 from b, 16-31 from a.
+    _mm512_storeu_si512(s.p.data() + qv * kKvTile,
+                        reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w_hi, w_lo)));
   }
 }
 
@@ -363,6 +428,13 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   const int64_t start = LowerLimit(tile, 0) / kKvTile * kKvTile;
   const int64_t last_lower = LowerLimit(tile, tile.num_rows - 1);
   const bool direct = DirectK<E>(cache);
+  // SoftmaxFew writes the P rows and rescale factors of real query vectors only: padding rows
+  // stay zero, their factors 1 (no rescale on their account).
+  const bool few = num_q <= kMaxFew;
+  if (few) {
+    std::fill(s.p.begin(), s.p.end(), uint16_t{0});
+    std::fill(s.corr.begin(), s.corr.end(), 1.0f);
+  }
   if (direct) std::fill(s.k.begin(), s.k.end(), uint16_t{0});  // the A tile past `end`
   const int64_t kv_row = cache.num_kv_heads * d;
   // This KV tile's row offsets, and the next one's (computed for its prefetch, then used).
@@ -388,12 +460,15 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     } else {
       Scores(steps, blocks, qs, s.k.data(), d_pad * 2, s.k.data() + kLanes * d_pad, d_pad * 2, s);
     }
-    if (kv0 + kKvTile > tile.attend_len || kv0 < last_lower) {
-      Softmax<true>(scale, kv0, n, qs, blocks, s);
+    const bool masked = kv0 + kKvTile > tile.attend_len || kv0 < last_lower;
+    if (few) {
+      masked ? SoftmaxFew<true>(scale, kv0, n, num_q, s)
+             : SoftmaxFew<false>(scale, kv0, n, num_q, s);
     } else {
-      Softmax<false>(scale, kv0, n, qs, blocks, s);
+      masked ? Softmax<true>(scale, kv0, n, qs, blocks, s)
+             : Softmax<false>(scale, kv0, n, qs, blocks, s);
+      WeightTiles(qs, blocks, s);
     }
-    WeightTiles(qs, blocks, s);
     Accumulate(d, blocks, s.v.data(), s);
     std::swap(rows, next);
   }
