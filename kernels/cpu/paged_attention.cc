@@ -470,15 +470,18 @@ absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool
     const Tile* tile_of = tiles.data();
     const HeadRun* run_of = tile_runs.data();
     const int64_t num_items = static_cast<int64_t>(tiles.size());
+    const bool amx = attend_tile == internal::AttendTileAmxBf16;
     pool.ParallelFor(
         num_items, 1,
         [&](int64_t begin, int64_t end) {
+          if (amx) internal::BeginAmxBf16Tiles();
           for (int64_t i = begin; i < end; ++i) {
             const Tile& item = tile_of[i % 2 == 0 ? i / 2 : num_items - 1 - i / 2];
             const internal::AttentionTask tile =
                 TaskOf(p, item.seq, item.first_token, item.num_rows, run_of[item.run]);
             attend_tile(p.cache, p.scale, tile);
           }
+          if (amx) internal::EndAmxBf16Tiles();
         },
         kChunksPerThread);
   }

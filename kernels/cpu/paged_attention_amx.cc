@@ -79,8 +79,9 @@ using LineVector = std::vector<T, LineAllocator<T>>;
 // Per-thread scratch of one tile, grown on demand.
 struct Scratch {
   LineVector<uint16_t> qt;  // [query blocks][d steps] B tiles: row r, lane c = dims 2r, 2r+1
-  LineVector<uint16_t> k;   // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero;
-                            // zeros (the A tile past the end) where DirectK
+  LineVector<uint16_t> k;   // [kKvTile][d_pad] BF16 K rows (A tiles), columns past d zero
+  LineVector<uint16_t> zero;  // [kLanes][d_pad] zeros, never written: DirectK's A tile past
+                              // the end
   LineVector<uint16_t> v;   // [d / 16] B tiles: row r, lane c = positions 2r, 2r+1 of dim c
   LineVector<uint16_t> p;        // [query blocks][16][kKvTile] BF16 weights (A tiles)
   LineVector<float> st;          // [kKvTile][qs] scores, then F32 weights (0 where masked)
@@ -294,17 +295,18 @@ void WeightTiles(int64_t qs, int64_t blocks, Scratch& s) {
 }
 
 // o[qv] = o[qv] corr[qv] + sum_j p[qv][j] v_j (`v`: the V tiles): the rescale in F32 vectors
-// (skipped for a block whose factors are all exactly 1, as they mostly are once the max has
-// settled: the same bits), then one C tile (16 query vectors x 16 head dims) at a time loaded
-// from o, the product added, stored back.
-void Accumulate(int64_t d, int64_t blocks, const uint16_t* v, Scratch& s) {
+// of the first `rows` query vectors (those whose outputs are kept; skipped for a block whose
+// factors are all exactly 1, as they mostly are once the max has settled: the same bits), then
+// one C tile (16 query vectors x 16 head dims) at a time loaded from o, the product added,
+// stored back.
+void Accumulate(int64_t d, int64_t rows, int64_t blocks, const uint16_t* v, Scratch& s) {
   float* const o = s.o.data();
   for (int64_t b = 0; b < blocks; ++b) {
     if (_mm512_cmpneq_ps_mask(_mm512_loadu_ps(s.corr.data() + b * kLanes), _mm512_set1_ps(1.0f)) ==
         0) {
       continue;
     }
-    for (int64_t qv = b * kLanes; qv < (b + 1) * kLanes; ++qv) {
+    for (int64_t qv = b * kLanes; qv < std::min((b + 1) * kLanes, rows); ++qv) {
       const __m512 c = _mm512_set1_ps(s.corr[qv]);
       for (int64_t i = 0; i < d; i += kLanes) {
         _mm512_storeu_ps(o + qv * d + i, _mm512_mul_ps(_mm512_loadu_ps(o + qv * d + i), c));
@@ -435,14 +437,13 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     std::fill(s.p.begin(), s.p.end(), uint16_t{0});
     std::fill(s.corr.begin(), s.corr.end(), 1.0f);
   }
-  if (direct) std::fill(s.k.begin(), s.k.end(), uint16_t{0});  // the A tile past `end`
+  if (direct && s.zero.size() < static_cast<size_t>(kLanes * d_pad)) s.zero.resize(kLanes * d_pad);
   const int64_t kv_row = cache.num_kv_heads * d;
   // This KV tile's row offsets, and the next one's (computed for its prefetch, then used).
   int64_t offsets[2][kKvTile];
   int64_t* rows = offsets[0];
   int64_t* next = offsets[1];
   RowOffsets(cache, tile, start, std::min(end, start + kKvTile), rows);
-  LoadTileConfig(FullTileConfig());
   for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile) {
     const int64_t n = std::min(kKvTile, end - kv0);
     const int64_t next_n = std::clamp<int64_t>(end - kv0 - kKvTile, 0, kKvTile);
@@ -451,7 +452,7 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     if (direct) {
       // The A tile of 16 positions from j: in the pool (rows kv_row apart), or zeros.
       const auto a_tile = [&](int64_t j) -> std::pair<const uint16_t*, int64_t> {
-        if (j >= n) return {s.k.data(), d_pad * 2};
+        if (j >= n) return {s.zero.data(), d_pad * 2};
         return {&static_cast<const Bf16Bits*>(cache.k)[rows[j]].bits, kv_row * 2};
       };
       const auto [lo, lo_stride] = a_tile(0);
@@ -469,10 +470,9 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
              : Softmax<false>(scale, kv0, n, qs, blocks, s);
       WeightTiles(qs, blocks, s);
     }
-    Accumulate(d, blocks, s.v.data(), s);
+    Accumulate(d, few ? num_q : qs, blocks, s.v.data(), s);
     std::swap(rows, next);
   }
-  _tile_release();
   for (int64_t qv = 0; qv < num_q; ++qv) {
     const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
     float* out = tile.out + row * tile.token_stride + head * d;
@@ -484,6 +484,9 @@ void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
 }
 
 }  // namespace
+
+void BeginAmxBf16Tiles() { LoadTileConfig(FullTileConfig()); }
+void EndAmxBf16Tiles() { _tile_release(); }
 
 void AttendTileAmxBf16(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   if (cache.dtype == KvDtype::kF16) {

@@ -100,6 +100,10 @@ void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTask& 
 /// a multiple of it, and round each softmax weight relative to the running max so far.
 inline constexpr int64_t kAmxKvTile = 32;
 void AttendTileAmxBf16(const KvLayerView& cache, float scale, const AttentionTask& tile);
+/// The tile configuration AttendTileAmxBf16 computes under, loaded once for a run of tiles on
+/// a thread (LDTILECFG costs about what a short decode tile's products do), and its release.
+void BeginAmxBf16Tiles();
+void EndAmxBf16Tiles();
 /// Whether PagedAttention runs `p` on AttendTileAmxBf16 (PagedAttentionParams::activations).
 bool RunsAmxBf16Tiles(const PagedAttentionParams& p);
 /// Bench hook: false keeps --activations bf16's attention in float (as before the AMX tiles;
