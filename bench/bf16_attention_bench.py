@@ -5,7 +5,7 @@ to end, in one run (needs an AMX-BF16 CPU; exits with the reason elsewhere).
 The model is the default one as a BF16 GGUF (`loom quantize --format bf16`, as
 bf16_weights_bench.py makes it), so the matmuls read their tiles straight from the weights and
 attention is the rest. Four configurations of bench/engine_bench, alternating over --passes
-passes, medians:
+passes (each pass starting one configuration later), medians:
   f32              --activations f32 (the reference speed);
   bf16-float       --activations bf16 --bf16-attention float --kv-dtype f16 (the matmuls on
                    AMX, attention in float: what --activations bf16 did before);
@@ -79,8 +79,12 @@ def main():
                                             "bf16").resolve())
     samples = {name: {f: [] for f in FIGURES} for name in CONFIGS}
     limits = {}
+    names = list(CONFIGS)
     for p in range(args.passes):
-        for name, (activations, extra) in CONFIGS.items():
+        # Pass p starts at configuration p mod 4, so that each runs first, second... alike and a
+        # drift in the machine's load does not fall on one configuration's slot every pass.
+        for name in names[p % len(names):] + names[:p % len(names)]:
+            activations, extra = CONFIGS[name]
             speed = activations_bench.engine_speed(model, activations, args, extra_args=extra)
             limits = speed["limits"]
             for f in FIGURES[:-1]:
