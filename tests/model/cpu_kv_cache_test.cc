@@ -154,7 +154,9 @@ TEST_P(CpuKvCacheShareTest, PeerCopiesMapKvHeadsBetweenTensorParallelSlices) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, CpuKvCacheShareTest,
-                         ::testing::Values(kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kF32,
+                         ::testing::Values(kernels::cpu::KvDtype::kF16,
+                                           kernels::cpu::KvDtype::kBf16,
+                                           kernels::cpu::KvDtype::kF32,
                                            kernels::cpu::KvDtype::kInt8));
 
 TEST(CpuKvCache, APrivatePoolIsNotShared) {

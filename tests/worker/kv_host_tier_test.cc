@@ -122,8 +122,8 @@ TEST_P(KvHostTierDtypeTest, ABlockOffloadedAndReloadedIsBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvHostTierDtypeTest,
-                         ::testing::Values(KvDtype::kF16, KvDtype::kF32, KvDtype::kInt8,
-                                           KvDtype::kFp8E4m3));
+                         ::testing::Values(KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32,
+                                           KvDtype::kInt8, KvDtype::kFp8E4m3));
 
 TEST(KvHostTierTest, CopiesRunInOrderWithinOnePlan) {
   std::unique_ptr<model::CpuKvCache> pool = MakePool(KvDtype::kF16);
