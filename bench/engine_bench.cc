@@ -376,17 +376,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.activations = *precision;
-  using loom::kernels::cpu::KvDtype;
-  bool kv_known = flags.kv_dtype == "auto";
-  options.kv_dtype = loom::worker::ResolveKvDtype(KvDtype::kF16, true, "cpu", options.activations);
-  for (KvDtype dtype :
-       {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
-    if (flags.kv_dtype == loom::kernels::cpu::KvDtypeName(dtype)) {
-      options.kv_dtype = dtype;
-      kv_known = true;
-    }
-  }
-  if (!kv_known) {
+  const std::optional<loom::kernels::cpu::KvDtype> kv_dtype =
+      loom::kernels::cpu::KvDtypeFromName(flags.kv_dtype);
+  options.kv_dtype = loom::worker::ResolveKvDtype(
+      kv_dtype.value_or(options.kv_dtype), !kv_dtype.has_value(), "cpu", options.activations);
+  if (!kv_dtype.has_value() && flags.kv_dtype != "auto") {
     std::fprintf(stderr, "--kv-dtype: unknown KV type '%s'\n", flags.kv_dtype.c_str());
     return 2;
   }

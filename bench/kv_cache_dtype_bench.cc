@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -208,8 +209,8 @@ int main(int argc, char** argv) {
       flags.model_path.c_str(), isa, flags.activations.c_str(), flags.threads, read_gbs);
   std::printf("decode: %d sequences, %d prompt + %d decoded tokens each, median of %d\n",
               flags.batch, flags.prompt_tokens, flags.decode_tokens, flags.repeats);
-  const KvDtype dtypes[] = {KvDtype::kF16, KvDtype::kInt8, KvDtype::kFp8E4m3, KvDtype::kBf16};
-  constexpr int kDtypes = 4;
+  constexpr KvDtype dtypes[] = {KvDtype::kF16, KvDtype::kInt8, KvDtype::kFp8E4m3, KvDtype::kBf16};
+  constexpr int kDtypes = static_cast<int>(std::size(dtypes));
   // Repeat r runs the dtypes starting at r mod 4: each goes first, second... alike.
   std::vector<std::unique_ptr<DecodeRunner>> runners;
   for (KvDtype dtype : dtypes) {

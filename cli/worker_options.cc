@@ -138,11 +138,7 @@ namespace {
 
 // The KV type named `name` (one of the flags' checked values; f16 otherwise).
 kernels::cpu::KvDtype KvDtypeOf(const std::string& name) {
-  using kernels::cpu::KvDtype;
-  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
-    if (name == kernels::cpu::KvDtypeName(dtype)) return dtype;
-  }
-  return KvDtype::kF16;
+  return kernels::cpu::KvDtypeFromName(name).value_or(kernels::cpu::KvDtype::kF16);
 }
 
 }  // namespace

@@ -63,6 +63,14 @@ const char* KvDtypeName(KvDtype dtype) {
   return "?";
 }
 
+std::optional<KvDtype> KvDtypeFromName(std::string_view name) {
+  for (KvDtype dtype :
+       {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    if (name == KvDtypeName(dtype)) return dtype;
+  }
+  return std::nullopt;
+}
+
 float Fp8E4m3ToFloat(uint8_t code) {
   static const std::array<float, 256> table = Fp8Table();
   return table[code];

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "kernels/cpu/half.h"
 
@@ -46,6 +48,8 @@ inline int64_t KvScaleBytes(KvDtype dtype) { return IsQuantizedKv(dtype) ? 2 : 0
 
 /// "f16", "bf16", "f32", "int8", "fp8_e4m3" (the flag values).
 const char* KvDtypeName(KvDtype dtype);
+/// The type KvDtypeName calls `name`; nullopt for any other name.
+std::optional<KvDtype> KvDtypeFromName(std::string_view name);
 
 /// Largest finite FP8 E4M3FN magnitude.
 inline constexpr float kFp8E4m3Max = 448.0f;

@@ -231,10 +231,12 @@ void SoftmaxFew(float scale, int64_t kv0, int64_t n, int64_t num_q, Scratch& s) 
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 zero = _mm512_setzero_ps();
-  __m512 lo[16], hi[16];  // after the transposes, lo[qv] / hi[qv]: positions 0-15 / 16-31
+  // After the transposes, lo[qv] / hi[qv]: positions 0-15 / 16-31 (Scores stored all 32 rows;
+  // those past n are dropped by the tail masks).
+  __m512 lo[16], hi[16];
   for (int j = 0; j < 16; ++j) {
-    lo[j] = j < n ? _mm512_loadu_ps(s.st.data() + j * kLanes) : minus_inf;
-    hi[j] = j + 16 < n ? _mm512_loadu_ps(s.st.data() + (j + 16) * kLanes) : minus_inf;
+    lo[j] = _mm512_loadu_ps(s.st.data() + j * kLanes);
+    hi[j] = _mm512_loadu_ps(s.st.data() + (j + 16) * kLanes);
   }
   Transpose16x16(lo);
   Transpose16x16(hi);

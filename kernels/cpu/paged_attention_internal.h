@@ -29,11 +29,6 @@ inline int64_t MaxTaskHeads(int64_t head_dim) {
   return by_floats < kMaxTaskHeads ? by_floats : kMaxTaskHeads;
 }
 
-/// Consecutive query heads that read the same KV head, of num_rows consecutive tokens of
-/// one sequence; row r attends to KV positions [0, attend_len + r). Grouping them lets each
-/// K/V row be loaded (and converted from F16) once for all of them. The unit of work of
-/// the per-token kernels (more than one row only for AttendAvx512, TaskRows, whose rows
-/// give the bits one-row tasks give) and of the tiles (TileRows, paged_attention_tiled.h).
 /// A BF16 pool's element: a type of its own, so that the kernels' per-element-type overloads
 /// tell it from F16's uint16_t.
 struct Bf16Bits {
@@ -41,6 +36,11 @@ struct Bf16Bits {
 };
 static_assert(sizeof(Bf16Bits) == 2);
 
+/// Consecutive query heads that read the same KV head, of num_rows consecutive tokens of
+/// one sequence; row r attends to KV positions [0, attend_len + r). Grouping them lets each
+/// K/V row be loaded (and converted from F16) once for all of them. The unit of work of
+/// the per-token kernels (more than one row only for AttendAvx512, TaskRows, whose rows
+/// give the bits one-row tasks give) and of the tiles (TileRows, paged_attention_tiled.h).
 struct AttentionTask {
   const float* q = nullptr;         // row 0: [num_heads, head_dim]; row r at q + r * token_stride
   float* out = nullptr;             // the same layout as q

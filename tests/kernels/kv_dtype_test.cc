@@ -11,6 +11,18 @@ namespace {
 
 bool IsFp8Nan(uint8_t code) { return (code & 0x7f) == 0x7f; }
 
+// The flag values name every type and back; anything else is no type.
+TEST(KvDtypeNameTest, NamesEveryTypeAndReadsItBack) {
+  for (KvDtype dtype :
+       {KvDtype::kF16, KvDtype::kBf16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    EXPECT_EQ(KvDtypeFromName(KvDtypeName(dtype)), dtype) << KvDtypeName(dtype);
+  }
+  EXPECT_EQ(KvDtypeName(KvDtype::kBf16), std::string_view("bf16"));
+  for (const char* other : {"", "auto", "bfloat16", "fp8", "F16"}) {
+    EXPECT_FALSE(KvDtypeFromName(other).has_value()) << other;
+  }
+}
+
 TEST(Fp8E4m3Test, DecodesTheFormatsLandmarks) {
   EXPECT_EQ(Fp8E4m3ToFloat(0x00), 0.0f);
   EXPECT_TRUE(std::signbit(Fp8E4m3ToFloat(0x80)));
